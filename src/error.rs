@@ -1,0 +1,198 @@
+//! The one error type of Portcullis (SPEC E1).
+//!
+//! Every variant has a stable numeric [`Error::code`] that the C ABI returns, and a message that
+//! says what failed and what to do about it. Codes are never reused or renumbered.
+
+use std::io;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in Portcullis.
+///
+/// Match on the variant, or use [`Error::code`] for a stable number.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument was malformed or out of range; nothing was changed.
+    #[error("invalid argument: {0}; fix the call, nothing was changed")]
+    InvalidArgument(String),
+
+    /// A key, value, batch or record exceeds a documented limit; nothing was changed.
+    #[error(
+        "{what} is {size} bytes, above the limit of {limit} bytes; split it, nothing was changed"
+    )]
+    TooLarge {
+        /// What was too large ("key", "value", "batch", ...).
+        what: &'static str,
+        /// Its size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
+
+    /// Another process (or another handle in this process) holds the directory (SPEC S6).
+    #[error("the store directory {path} is locked by another open store; close it first")]
+    Locked {
+        /// The directory.
+        path: String,
+    },
+
+    /// A file carries a format version this build does not understand (SPEC S10).
+    #[error(
+        "{file} has format version {found}, this build reads up to {supported}; upgrade Portcullis"
+    )]
+    UnsupportedVersion {
+        /// The file.
+        file: String,
+        /// The version found.
+        found: u32,
+        /// The newest version this build reads.
+        supported: u32,
+    },
+
+    /// Stored data failed verification (SPEC S4). The named partition (or file) cannot be
+    /// loaded; other partitions keep working.
+    #[error("corrupt data in {what}: {detail}; restore it from a backup or release it")]
+    Corrupt {
+        /// The partition or file affected.
+        what: String,
+        /// What was found.
+        detail: String,
+    },
+
+    /// An earlier sync failed, so durability of later writes cannot be promised. The store
+    /// refuses writes until it is reopened (reopening re-reads what actually reached the disk).
+    #[error("an earlier sync failed ({0}); writes are refused until the store is reopened")]
+    SyncFailed(String),
+
+    /// An operating-system I/O error.
+    #[error("I/O error during {context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The handle was closed; open it again.
+    #[error("the store is closed; open it again")]
+    Closed,
+
+    /// A write planned under an epoch older than the current lease was refused (SPEC F3).
+    #[error(
+        "fenced: the write was planned under epoch {grant}, but the lease is at epoch {current}; re-plan under the current epoch"
+    )]
+    Fenced {
+        /// The epoch the write was planned under.
+        grant: u64,
+        /// The epoch of the lease.
+        current: u64,
+    },
+
+    /// The operation could not complete now; retry after the hinted delay.
+    #[error("unavailable: {reason}; retry in about {retry_after_ms} ms")]
+    Unavailable {
+        /// Why.
+        reason: String,
+        /// A hint for when to retry.
+        retry_after_ms: u64,
+    },
+
+    /// The entity could not be restored and is contained (SPEC R4).
+    #[error("entity {entity} is contained: {reason}; fix the cause and release it")]
+    Contained {
+        /// The entity.
+        entity: String,
+        /// The named reason it was contained.
+        reason: String,
+    },
+
+    /// The entity is not registered.
+    #[error("unknown entity {0}; register it first")]
+    UnknownEntity(String),
+}
+
+impl Error {
+    /// The stable numeric code of this error (SPEC E1). Zero is reserved for success.
+    pub fn code(&self) -> u32 {
+        match self {
+            Error::InvalidArgument(_) => 1,
+            Error::TooLarge { .. } => 2,
+            Error::Locked { .. } => 3,
+            Error::UnsupportedVersion { .. } => 4,
+            Error::Corrupt { .. } => 5,
+            Error::SyncFailed(_) => 6,
+            Error::Io { .. } => 7,
+            Error::Closed => 8,
+            Error::Fenced { .. } => 9,
+            Error::Unavailable { .. } => 10,
+            Error::Contained { .. } => 11,
+            Error::UnknownEntity(_) => 12,
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn corrupt(what: impl Into<String>, detail: impl Into<String>) -> Self {
+        Error::Corrupt {
+            what: what.into(),
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
+        Error::InvalidArgument(msg.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct_and_nonzero() {
+        let all = [
+            Error::invalid("x"),
+            Error::TooLarge {
+                what: "key",
+                size: 2,
+                limit: 1,
+            },
+            Error::Locked { path: "p".into() },
+            Error::UnsupportedVersion {
+                file: "f".into(),
+                found: 9,
+                supported: 1,
+            },
+            Error::corrupt("p", "d"),
+            Error::SyncFailed("e".into()),
+            Error::io("x", io::Error::other("e")),
+            Error::Closed,
+            Error::Fenced {
+                grant: 1,
+                current: 2,
+            },
+            Error::Unavailable {
+                reason: "r".into(),
+                retry_after_ms: 1,
+            },
+            Error::Contained {
+                entity: "e".into(),
+                reason: "r".into(),
+            },
+            Error::UnknownEntity("e".into()),
+        ];
+        let mut codes: Vec<u32> = all.iter().map(Error::code).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), all.len());
+        assert!(!codes.contains(&0));
+    }
+}

@@ -1,0 +1,25 @@
+//! # Portcullis
+//!
+//! Durable entities for synchronous Rust programs. Applications that hold many durable entities
+//! (conversations, sessions, workflows, shards), each with an append-only history, get:
+//!
+//! 1. a crash-safe, file-backed, append-only store of partitions with atomic guarded batches and
+//!    paged scans ([`store`]);
+//! 2. lazy restore: opening reads no history, and each entity restores on first touch, exactly
+//!    once;
+//! 3. epoch fencing: once revocation reports complete, no write planned under an older epoch
+//!    commits.
+//!
+//! Everything is blocking; there is no async runtime.
+//!
+//! Non-goals: a query language, secondary indexes, multi-partition transactions, replication.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod clock;
+pub mod error;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use error::{Error, Result};

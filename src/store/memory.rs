@@ -1,0 +1,195 @@
+//! The in-memory store: the reference backend for tests (SPEC S9). Nothing survives the process.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+use super::{
+    Batch, Cursor, KeyRange, Op, Outcome, Partition, ScanPage, Store, StoreStats, check_guards,
+    check_limit,
+};
+use crate::clock::{SharedClock, SystemClock};
+use crate::error::{Error, Result};
+
+type Rows = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// A store that keeps every partition in a `BTreeMap` in memory.
+///
+/// ```
+/// use std::sync::Arc;
+/// use portcullis::{ManualClock, store::{Batch, MemoryStore, Outcome, Partition, Store}};
+/// let clock = ManualClock::new(100);
+/// let store = MemoryStore::with_clock(Arc::new(clock.clone()));
+/// let p = Partition::new("p").unwrap();
+/// clock.advance(50);
+/// assert_eq!(store.apply(&p, &Batch::new().not_after(120)).unwrap(), Outcome::DeadlinePassed { now_ms: 150 });
+/// ```
+#[derive(Debug)]
+pub struct MemoryStore {
+    partitions: RwLock<HashMap<Partition, Arc<Mutex<Rows>>>>,
+    clock: SharedClock,
+    batches: AtomicU64,
+    closed: AtomicBool,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    /// An empty store whose `NotAfter` preconditions read `clock`.
+    pub fn with_clock(clock: SharedClock) -> Self {
+        MemoryStore {
+            partitions: RwLock::new(HashMap::new()),
+            clock,
+            batches: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    fn rows(&self, p: &Partition) -> Option<Arc<Mutex<Rows>>> {
+        self.partitions.read().get(p).cloned()
+    }
+}
+
+impl Store for MemoryStore {
+    fn get(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.check_open()?;
+        Ok(self.rows(p).and_then(|rows| rows.lock().get(key).cloned()))
+    }
+
+    fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.check_open()?;
+        let Some(rows) = self.rows(p) else {
+            return Ok(vec![None; keys.len()]);
+        };
+        let rows = rows.lock();
+        Ok(keys.iter().map(|k| rows.get(*k).cloned()).collect())
+    }
+
+    fn scan(
+        &self,
+        p: &Partition,
+        range: &KeyRange,
+        cursor: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<ScanPage> {
+        self.check_open()?;
+        check_limit(limit)?;
+        let range = match cursor {
+            Some(c) => range.after(&c.0),
+            None => range.clone(),
+        };
+        let Some(rows) = self.rows(p) else {
+            return Ok(ScanPage::default());
+        };
+        if range.is_empty() {
+            return Ok(ScanPage::default());
+        }
+        let rows = rows.lock();
+        let mut iter = rows.range::<[u8], _>(range.as_bounds());
+        let entries: Vec<_> = iter
+            .by_ref()
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let next = match (entries.last(), iter.next()) {
+            (Some((last, _)), Some(_)) => Some(Cursor(last.clone())),
+            _ => None,
+        };
+        Ok(ScanPage { entries, next })
+    }
+
+    fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {
+        self.check_open()?;
+        batch.validate()?;
+        let rows = match self.rows(p) {
+            Some(rows) => rows,
+            None => self
+                .partitions
+                .write()
+                .entry(p.clone())
+                .or_default()
+                .clone(),
+        };
+        let mut rows = rows.lock();
+        if let Some(refused) = check_guards(
+            batch.guards(),
+            || self.clock.now_ms(),
+            |k| Ok(rows.get(k).cloned()),
+        )? {
+            return Ok(refused);
+        }
+        for op in batch.ops() {
+            match op {
+                Op::Put(k, v) => {
+                    rows.insert(k.clone(), v.clone());
+                }
+                Op::Delete(k) => {
+                    rows.remove(k);
+                }
+                Op::DeleteRange(r) => {
+                    if !r.is_empty() {
+                        let doomed: Vec<Vec<u8>> = rows
+                            .range::<[u8], _>(r.as_bounds())
+                            .map(|(k, _)| k.clone())
+                            .collect();
+                        for k in doomed {
+                            rows.remove(&k);
+                        }
+                    }
+                }
+            }
+        }
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        Ok(Outcome::Committed)
+    }
+
+    fn list_partitions(&self, prefix: &[u8]) -> Result<Vec<Partition>> {
+        self.check_open()?;
+        let mut names: Vec<Partition> = self
+            .partitions
+            .read()
+            .keys()
+            .filter(|p| p.as_bytes().starts_with(prefix))
+            .cloned()
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn stats(&self) -> StoreStats {
+        let partitions = self.partitions.read().len() as u64;
+        StoreStats {
+            batches: self.batches.load(Ordering::Relaxed),
+            partitions,
+            partitions_loaded: partitions,
+            ..StoreStats::default()
+        }
+    }
+
+    fn close(&self) -> Result<()> {
+        self.closed.store(true, Ordering::Release);
+        Ok(())
+    }
+}

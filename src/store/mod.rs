@@ -1,0 +1,84 @@
+//! The partition store (SPEC S1-S10).
+//!
+//! Owns: the store contract ([`Store`]), its vocabulary ([`Batch`], [`Outcome`], ...), the
+//! file-backed store (the default) and the in-memory store (for tests). It knows nothing of
+//! entities, epochs or restores, and calls nothing above it.
+
+mod memory;
+mod types;
+
+pub use memory::MemoryStore;
+pub(crate) use types::check_guards;
+pub use types::{
+    Batch, Cursor, KeyRange, MAX_BATCH_BYTES, MAX_KEY_BYTES, MAX_PARTITION_NAME_BYTES,
+    MAX_VALUE_BYTES, Op, Outcome, Partition, Precondition, ScanPage, StoreStats, check_key,
+};
+
+use crate::error::Result;
+
+/// The store contract (SPEC S1, S2, S9). Every backend passes the same conformance suite.
+///
+/// A partition is the unit of atomicity: one batch touches exactly one partition, and its
+/// preconditions are checked and its operations applied atomically with respect to every other
+/// batch on that partition. Handles are `Send + Sync` and meant to be shared through an `Arc`.
+///
+/// The contract stays small on purpose (point reads, ordered ranges, guarded batches on one
+/// partition) so that a distributed engine such as etcd (transactions with compares, ranges)
+/// can implement it.
+///
+/// ```
+/// use portcullis::store::{Batch, KeyRange, MemoryStore, Outcome, Partition, Store};
+/// let store = MemoryStore::new();
+/// let p = Partition::new("accounts").unwrap();
+/// let outcome = store.apply(&p, &Batch::new().absent(b"alice".to_vec()).put(b"alice".to_vec(), b"10".to_vec())).unwrap();
+/// assert_eq!(outcome, Outcome::Committed);
+/// assert_eq!(store.get(&p, b"alice").unwrap(), Some(b"10".to_vec()));
+/// let page = store.scan(&p, &KeyRange::all(), None, 10).unwrap();
+/// assert_eq!(page.entries.len(), 1);
+/// assert!(page.next.is_none());
+/// ```
+pub trait Store: Send + Sync {
+    /// The value of `key` in partition `p`, if any.
+    fn get(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// One answer per key, in the order asked, all read from one consistent view.
+    fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>>;
+
+    /// At most `limit` entries of `range` in key order, starting strictly after `cursor`.
+    ///
+    /// Each page is consistent on its own. The returned cursor resumes strictly after the last
+    /// key returned; it is `None` once the range is exhausted. `limit` must be at least 1.
+    fn scan(
+        &self,
+        p: &Partition,
+        range: &KeyRange,
+        cursor: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<ScanPage>;
+
+    /// Checks the batch's preconditions and applies its operations, atomically.
+    ///
+    /// A failed precondition or passed deadline changes nothing. Under a syncing policy,
+    /// `Committed` means durable (SPEC S3).
+    fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome>;
+
+    /// The partitions whose name starts with `prefix`, in name order. Reads no partition's rows.
+    fn list_partitions(&self, prefix: &[u8]) -> Result<Vec<Partition>>;
+
+    /// The store's clock, which `NotAfter` preconditions are checked against.
+    fn now_ms(&self) -> u64;
+
+    /// Counters for batching, syncs and laziness.
+    fn stats(&self) -> StoreStats;
+
+    /// Flushes what a clean shutdown records and releases the store; later calls answer
+    /// [`Error::Closed`](crate::Error::Closed). Closing twice is harmless.
+    fn close(&self) -> Result<()>;
+}
+
+pub(crate) fn check_limit(limit: usize) -> Result<()> {
+    if limit == 0 {
+        return Err(crate::Error::invalid("a scan limit must be at least 1"));
+    }
+    Ok(())
+}
