@@ -18,8 +18,10 @@
 #![deny(missing_docs)]
 
 pub mod clock;
+pub mod entity;
 pub mod error;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use entity::{EntityId, Namespace};
 pub use error::{Error, Result};
