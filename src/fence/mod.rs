@@ -58,6 +58,8 @@ pub use config::{FenceConfig, FenceConfigBuilder};
 pub use driver::{DriverLimits, DriverReport, RevocationHandle};
 #[doc(hidden)]
 pub use hooks::{FenceHooks, GuardSwitches, HookPoint, NoHooks};
+#[doc(hidden)]
+pub use revoke::PendingAck;
 pub use revoke::{RevokeBudget, RevokeProgress};
 pub use rows::FenceKind;
 #[doc(hidden)]
@@ -66,6 +68,8 @@ pub use rows::{CheckpointRow, Keys, LeaseRow, RecoveryRow, ScanPosition, ShardRo
 pub use rows::{decode as decode_row, encode as encode_row};
 pub use stats::FenceStats;
 pub use sweep::SweepReport;
+#[doc(hidden)]
+pub use write::PlannedWrite;
 pub use write::{FenceGrant, WriteOutcome, WritePlan, write_under};
 
 use stats::{CountedStore, Counters};

@@ -99,6 +99,28 @@ pub enum RevokeProgress {
     },
 }
 
+/// A push that committed and awaits its acknowledgement (test-only handle).
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct PendingAck {
+    ns: Namespace,
+    entity: EntityId,
+    row_raw: Vec<u8>,
+    row: ShardRow,
+    epoch_raw: Option<Vec<u8>>,
+    epoch: u64,
+}
+
+/// What the lease-writing half of a push did.
+enum PushLease {
+    /// The lease committed; acknowledge with the row as last read.
+    Pushed(PendingAck),
+    /// While retrying, the row turned out already acknowledged at the epoch.
+    AlreadyAcknowledged,
+    /// No lease was written (a racing renewal, a changed epoch, or retries spent).
+    NotPushed,
+}
+
 /// What one push achieved.
 enum PushResult {
     /// The lease was written at the current epoch and the row acknowledged.
@@ -270,84 +292,135 @@ impl Fence {
         epoch_raw: Option<&[u8]>,
         epoch: u64,
     ) -> Result<PushResult> {
+        let pending = PendingAck {
+            ns: ns.clone(),
+            entity: entity.clone(),
+            row_raw: row_raw.to_vec(),
+            row,
+            epoch_raw: epoch_raw.map(<[u8]>::to_vec),
+            epoch,
+        };
+        match self.push_lease(pending)? {
+            PushLease::Pushed(pending) => {
+                self.hook(HookPoint::PushBeforeAck, Some(entity));
+                self.acknowledge(&pending)
+            }
+            PushLease::AlreadyAcknowledged => Ok(PushResult::Acknowledged),
+            PushLease::NotPushed => Ok(PushResult::NotAcknowledged),
+        }
+    }
+
+    /// Writes the entity's lease at the current epoch with the row's expiry, guarded on the
+    /// lease as read; after a lost race, re-reads the epoch and the row and retries (bounded).
+    fn push_lease(&self, mut pending: PendingAck) -> Result<PushLease> {
         let keys = &self.inner.keys;
-        let coordinator = ns.coordinator_partition();
-        let partition = entity.partition();
-        let shard_key = keys.shard(entity);
-        let mut row_raw = row_raw.to_vec();
-        let mut row = row;
-        let switches = self.switches();
-        if switches.ack_before_push {
-            // Negative control only: acknowledge without pushing.
-            return self.acknowledge(ns, &shard_key, &row_raw, row, epoch_raw, epoch);
+        let partition = pending.entity.partition();
+        let shard_key = keys.shard(&pending.entity);
+        if self.switches().ack_before_push {
+            // Negative control only: claim a push that never happened.
+            return Ok(PushLease::Pushed(pending));
         }
         for _ in 0..MAX_PUSH_ATTEMPTS {
             let lease_raw = self.inner.store.get(&partition, keys.lease())?;
             let lease: Option<LeaseRow> = rows::decode_opt("lease row", lease_raw.as_deref())?;
             if let Some(lease) = lease
-                && (lease.epoch > epoch || lease.expires_at_ms > row.expires_at_ms)
+                && (lease.epoch > pending.epoch || lease.expires_at_ms > pending.row.expires_at_ms)
             {
                 // A racing renewal got there first; its row will be looked at again.
-                return Ok(PushResult::NotAcknowledged);
+                return Ok(PushLease::NotPushed);
             }
             let pushed = LeaseRow {
-                epoch,
-                expires_at_ms: row.expires_at_ms,
-                grant_id: row.grant_id,
+                epoch: pending.epoch,
+                expires_at_ms: pending.row.expires_at_ms,
+                grant_id: pending.row.grant_id,
             };
-            self.hook(HookPoint::PushBeforeLeaseWrite, Some(entity));
+            self.hook(HookPoint::PushBeforeLeaseWrite, Some(&pending.entity));
             let batch = guard_as_read(Batch::new(), keys.lease(), lease_raw.as_deref())
                 .put(keys.lease().to_vec(), rows::encode(&pushed));
             if self.inner.store.apply(&partition, &batch)?.is_committed() {
                 Counters::bump(&self.inner.counters.pushes);
-                self.hook(HookPoint::PushBeforeAck, Some(entity));
-                return self.acknowledge(ns, &shard_key, &row_raw, row, epoch_raw, epoch);
+                return Ok(PushLease::Pushed(pending));
             }
             // The lease changed under us (a renewal): re-read the epoch and the row, retry.
-            let read = self
-                .inner
-                .store
-                .get_many(&coordinator, &[&keys.current(), &shard_key])?;
-            if read[0].as_deref() != epoch_raw {
-                return Ok(PushResult::NotAcknowledged);
+            let read = self.inner.store.get_many(
+                &pending.ns.coordinator_partition(),
+                &[&keys.current(), &shard_key],
+            )?;
+            if read[0] != pending.epoch_raw {
+                return Ok(PushLease::NotPushed);
             }
             let Some(fresh_raw) = read[1].clone() else {
-                return Ok(PushResult::NotAcknowledged);
+                return Ok(PushLease::NotPushed);
             };
-            row = rows::decode("leased-shard row", &fresh_raw)?;
-            row_raw = fresh_raw;
-            if row.acked_epoch >= epoch {
-                return Ok(PushResult::Acknowledged);
+            pending.row = rows::decode("leased-shard row", &fresh_raw)?;
+            pending.row_raw = fresh_raw;
+            if pending.row.acked_epoch >= pending.epoch {
+                return Ok(PushLease::AlreadyAcknowledged);
             }
         }
-        Ok(PushResult::NotAcknowledged)
+        Ok(PushLease::NotPushed)
+    }
+
+    /// Test-only: the push half of a revocation for one entity, without its acknowledgement,
+    /// so property tests can interleave other steps in between. `None` if the entity's row
+    /// needs no push (absent, expired or already acknowledged) or the push did not commit.
+    #[doc(hidden)]
+    pub fn push_without_ack(&self, entity: &EntityId) -> Result<Option<PendingAck>> {
+        let keys = &self.inner.keys;
+        let ns = entity.namespace();
+        let read = self.inner.store.get_many(
+            &ns.coordinator_partition(),
+            &[&keys.current(), &keys.shard(entity)],
+        )?;
+        let epoch = rows::decode_epoch(read[0].as_deref())?;
+        let Some(row_raw) = read[1].clone() else {
+            return Ok(None);
+        };
+        let row: ShardRow = rows::decode("leased-shard row", &row_raw)?;
+        if row.acked_epoch >= epoch || self.now() >= row.expires_at_ms {
+            return Ok(None);
+        }
+        let pending = PendingAck {
+            ns: ns.clone(),
+            entity: entity.clone(),
+            row_raw,
+            row,
+            epoch_raw: read[0].clone(),
+            epoch,
+        };
+        match self.push_lease(pending)? {
+            PushLease::Pushed(pending) => Ok(Some(pending)),
+            PushLease::AlreadyAcknowledged | PushLease::NotPushed => Ok(None),
+        }
+    }
+
+    /// Test-only: the acknowledgement half; `true` if it committed.
+    #[doc(hidden)]
+    pub fn acknowledge_pushed(&self, pending: &PendingAck) -> Result<bool> {
+        Ok(matches!(
+            self.acknowledge(pending)?,
+            PushResult::Acknowledged
+        ))
     }
 
     /// Sets the row's `acked_epoch`, guarded on the row as read and the epoch as observed.
-    fn acknowledge(
-        &self,
-        ns: &Namespace,
-        shard_key: &[u8],
-        row_raw: &[u8],
-        row: ShardRow,
-        epoch_raw: Option<&[u8]>,
-        epoch: u64,
-    ) -> Result<PushResult> {
-        let current_key = self.inner.keys.current();
+    fn acknowledge(&self, pending: &PendingAck) -> Result<PushResult> {
+        let keys = &self.inner.keys;
+        let shard_key = keys.shard(&pending.entity);
         let acked = ShardRow {
-            acked_epoch: epoch,
-            ..row
+            acked_epoch: pending.epoch,
+            ..pending.row
         };
         let mut batch = Batch::new();
         if !self.switches().drop_ack_row_guard {
-            batch = batch.equals(shard_key.to_vec(), row_raw.to_vec());
+            batch = batch.equals(shard_key.clone(), pending.row_raw.clone());
         }
-        batch = guard_as_read(batch, &current_key, epoch_raw)
-            .put(shard_key.to_vec(), rows::encode(&acked));
+        batch = guard_as_read(batch, &keys.current(), pending.epoch_raw.as_deref())
+            .put(shard_key, rows::encode(&acked));
         let outcome = self
             .inner
             .store
-            .apply(&ns.coordinator_partition(), &batch)?;
+            .apply(&pending.ns.coordinator_partition(), &batch)?;
         if outcome.is_committed() {
             Counters::bump(&self.inner.counters.acks);
             Ok(PushResult::Acknowledged)

@@ -57,6 +57,125 @@ pub enum WriteOutcome {
     Declined,
 }
 
+/// One planned attempt.
+enum Attempt {
+    Declined,
+    LostRace,
+    Ready(PlannedWrite),
+}
+
+/// A write that has been planned (its lease read and, if needed, its leased-shard row
+/// committed) but not yet applied to the entity. Test-only handle, so property tests can
+/// interleave other steps between planning and applying; [`write_under`] uses it too.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct PlannedWrite {
+    fence: Fence,
+    entity: EntityId,
+    batch: Batch,
+    fence_guards: usize,
+    epochs: Vec<u64>,
+}
+
+impl PlannedWrite {
+    /// The lease epochs this write will commit under.
+    pub fn epochs(&self) -> &[u64] {
+        &self.epochs
+    }
+
+    /// Applies the planned batch once. `None` when the lease guard failed or the deadline
+    /// passed (the caller would re-plan).
+    pub fn apply(self) -> Result<Option<WriteOutcome>> {
+        let entity = &self.entity;
+        self.fence.hook(HookPoint::WriteBeforeApply, Some(entity));
+        match self
+            .fence
+            .inner
+            .store
+            .apply(&entity.partition(), &self.batch)?
+        {
+            Outcome::Committed => {
+                Counters::bump(&self.fence.inner.counters.writes_committed);
+                Ok(Some(WriteOutcome::Committed {
+                    epochs: self.epochs,
+                }))
+            }
+            Outcome::PreconditionFailed { index } if index >= self.fence_guards => {
+                Ok(Some(WriteOutcome::PreconditionFailed {
+                    index: index - self.fence_guards,
+                }))
+            }
+            Outcome::PreconditionFailed { .. } => {
+                log::debug!("lease of {entity} changed since it was read");
+                Ok(None)
+            }
+            Outcome::DeadlinePassed { now_ms } => {
+                log::debug!("write to {entity} passed its deadline (store clock {now_ms})");
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Plans one attempt: reads every fence's lease, asks the caller for its batch, commits any
+/// renewal's leased-shard rows, and assembles the entity batch.
+fn plan_attempt(
+    fences: &[FenceGrant<'_>],
+    entity: &EntityId,
+    attempt: usize,
+    plan: &mut impl FnMut(&WritePlan) -> Option<Batch>,
+) -> Result<Attempt> {
+    let mut prepared = Vec::with_capacity(fences.len());
+    for fg in fences {
+        prepared.push(fg.fence.prepare(entity, fg.grant)?);
+    }
+    let write_plan = WritePlan {
+        epochs: prepared.iter().map(|p| p.lease_epoch).collect(),
+        plan_time_ms: prepared[0].plan_time_ms,
+        deadline_ms: prepared.iter().map(|p| p.deadline_ms).min().unwrap_or(0),
+        renewal: prepared.iter().any(|p| p.renewal.is_some()),
+        attempt,
+    };
+    let Some(user) = plan(&write_plan) else {
+        return Ok(Attempt::Declined);
+    };
+    for fg in fences {
+        fg.fence.refuse_reserved_keys(&user)?;
+    }
+
+    // SPEC F2: the leased-shard row commits in the coordinator before the entity's lease.
+    let coordinator = entity.namespace().coordinator_partition();
+    for (fg, p) in fences.iter().zip(&prepared) {
+        if let Some((reservation, _)) = &p.renewal {
+            if !fg
+                .fence
+                .inner
+                .store
+                .apply(&coordinator, reservation)?
+                .is_committed()
+            {
+                return Ok(Attempt::LostRace);
+            }
+            Counters::bump(&fg.fence.inner.counters.renewals);
+            fg.fence.hook(HookPoint::RenewalAfterRow, Some(entity));
+        }
+    }
+
+    let mut batch = Batch::new();
+    for (fg, p) in fences.iter().zip(&prepared) {
+        batch = fg.fence.add_fence_guards(batch, p);
+    }
+    let fence_guards = batch.guards().len();
+    batch.extend(user);
+    Ok(Attempt::Ready(PlannedWrite {
+        fence: fences[0].fence.clone(),
+        entity: entity.clone(),
+        batch,
+        fence_guards,
+        epochs: write_plan.epochs,
+    }))
+}
+
 /// One fence's part of an attempt: what was read, and what the entity batch must carry.
 struct Prepared {
     lease_raw: Option<Vec<u8>>,
@@ -128,79 +247,19 @@ pub fn write_under(
     entity: &EntityId,
     mut plan: impl FnMut(&WritePlan) -> Option<Batch>,
 ) -> Result<WriteOutcome> {
-    let Some(first) = fences.first() else {
+    if fences.is_empty() {
         return Err(Error::invalid("a fenced write needs at least one fence"));
-    };
-    let partition = entity.partition();
+    }
     for attempt in 0..MAX_WRITE_ATTEMPTS {
-        let mut prepared = Vec::with_capacity(fences.len());
-        for fg in fences {
-            prepared.push(fg.fence.prepare(entity, fg.grant)?);
-        }
-        let write_plan = WritePlan {
-            epochs: prepared.iter().map(|p| p.lease_epoch).collect(),
-            plan_time_ms: prepared[0].plan_time_ms,
-            deadline_ms: prepared.iter().map(|p| p.deadline_ms).min().unwrap_or(0),
-            renewal: prepared.iter().any(|p| p.renewal.is_some()),
-            attempt,
-        };
-        let Some(user) = plan(&write_plan) else {
-            return Ok(WriteOutcome::Declined);
-        };
-        for fg in fences {
-            fg.fence.refuse_reserved_keys(&user)?;
-        }
-
-        // SPEC F2: the leased-shard row commits in the coordinator before the entity's lease.
-        let mut reserved = true;
-        for (fg, p) in fences.iter().zip(&prepared) {
-            if let Some((reservation, _)) = &p.renewal {
-                let coordinator = entity.namespace().coordinator_partition();
-                if !fg
-                    .fence
-                    .inner
-                    .store
-                    .apply(&coordinator, reservation)?
-                    .is_committed()
-                {
-                    reserved = false;
-                    break;
+        match plan_attempt(fences, entity, attempt, &mut plan)? {
+            Attempt::Declined => return Ok(WriteOutcome::Declined),
+            Attempt::LostRace => {
+                log::debug!("renewal for {entity} lost a race; re-planning");
+            }
+            Attempt::Ready(planned) => {
+                if let Some(outcome) = planned.apply()? {
+                    return Ok(outcome);
                 }
-                Counters::bump(&fg.fence.inner.counters.renewals);
-                fg.fence.hook(HookPoint::RenewalAfterRow, Some(entity));
-            }
-        }
-        if !reserved {
-            log::debug!("renewal for {entity} lost a race; re-planning");
-            continue;
-        }
-
-        let mut batch = Batch::new();
-        for (fg, p) in fences.iter().zip(&prepared) {
-            batch = fg.fence.add_fence_guards(batch, p);
-        }
-        let fence_guards = batch.guards().len();
-        batch.extend(user);
-        first.fence.hook(HookPoint::WriteBeforeApply, Some(entity));
-        match first.fence.inner.store.apply(&partition, &batch)? {
-            Outcome::Committed => {
-                Counters::bump(&first.fence.inner.counters.writes_committed);
-                return Ok(WriteOutcome::Committed {
-                    epochs: write_plan.epochs,
-                });
-            }
-            Outcome::PreconditionFailed { index } if index >= fence_guards => {
-                return Ok(WriteOutcome::PreconditionFailed {
-                    index: index - fence_guards,
-                });
-            }
-            Outcome::PreconditionFailed { .. } => {
-                log::debug!("lease of {entity} changed since it was read; re-planning");
-            }
-            Outcome::DeadlinePassed { now_ms } => {
-                log::debug!(
-                    "write to {entity} passed its deadline (store clock {now_ms}); re-planning"
-                );
             }
         }
     }
@@ -219,6 +278,22 @@ impl Fence {
         let c = &self.inner.config;
         i128::from(lease.expires_at_ms) - i128::from(c.lease_margin_ms()) - i128::from(now)
             >= i128::from(c.min_lease_budget_ms())
+    }
+
+    /// Test-only: plans one attempt of a write (committing a renewal's leased-shard row if one
+    /// is needed) without applying it. `None` if the renewal lost a race.
+    #[doc(hidden)]
+    pub fn plan_write_once(
+        &self,
+        entity: &EntityId,
+        grant: u64,
+        batch: Batch,
+    ) -> Result<Option<PlannedWrite>> {
+        let fences = [FenceGrant { fence: self, grant }];
+        match plan_attempt(&fences, entity, 0, &mut |_| Some(batch.clone()))? {
+            Attempt::Ready(planned) => Ok(Some(planned)),
+            Attempt::LostRace | Attempt::Declined => Ok(None),
+        }
     }
 
     /// Reads the entity's lease and, if it is not usable, the coordinator once, and decides
