@@ -326,3 +326,112 @@ fn schedule_f_frozen_clock_ends_the_driver_unavailable() {
         assert!(env.fence.stats().slices - before <= 17);
     });
 }
+
+/// A renewal planned before a bump commits its leased-shard row only under the epoch it read
+/// (SPEC F2): otherwise a revocation that completed meanwhile would never see the new row.
+#[test]
+fn renewal_row_is_guarded_on_the_epoch_it_read() {
+    each_backend(|env| {
+        let (ns, e) = (env.ns(), env.entity("a"));
+        let gate = env.hooks.arm(HookPoint::RenewalBeforeRow);
+        let fence = env.fence.clone();
+        let e2 = e.clone();
+        let renewal = thread::spawn(move || fence.write(&e2, 0, put("late")));
+        gate.wait_reached();
+        env.fence.bump_epoch(&ns, 1).unwrap();
+        revoke_checking(env, &e, 1, 10);
+        gate.release();
+        assert!(matches!(
+            renewal.join().unwrap(),
+            Err(Error::Fenced {
+                grant: 0,
+                current: 1
+            })
+        ));
+        assert_eq!(env.store.get(&e.partition(), b"late").unwrap(), None);
+        assert!(env.shard_row(&e).is_none());
+    });
+}
+
+/// Two renewals race; the row's expiry never falls below the lease's (SPEC F2: the row is
+/// guarded on the row as read), so revocation never treats a usable lease as expired.
+#[test]
+fn renewal_row_is_guarded_on_the_row_it_read() {
+    each_backend(|env| {
+        let (ns, e) = (env.ns(), env.entity("a"));
+        let gate = env.hooks.arm(HookPoint::RenewalBeforeRow);
+        let fence = env.fence.clone();
+        let e2 = e.clone();
+        let slow = thread::spawn(move || fence.write(&e2, 0, put("slow")));
+        gate.wait_reached();
+        env.clock.advance(10_000);
+        assert!(matches!(
+            env.fence.write(&e, 0, put("fast")).unwrap(),
+            WriteOutcome::Committed { .. }
+        ));
+        gate.release();
+        assert!(matches!(
+            slow.join().unwrap().unwrap(),
+            WriteOutcome::Committed { .. }
+        ));
+        let (row, lease) = (env.shard_row(&e).unwrap(), env.lease(&e).unwrap());
+        assert!(
+            row.expires_at_ms >= lease.expires_at_ms,
+            "{row:?} {lease:?}"
+        );
+        // And so revocation cannot complete by expiry while the lease is usable.
+        env.fence.bump_epoch(&ns, 1).unwrap();
+        env.clock.advance(20_000);
+        for _ in 0..3 {
+            let p = env
+                .fence
+                .revoke_step(&ns, RevokeBudget::default().with_max_pushes(0))
+                .unwrap();
+            if p == RevokeProgress::Complete {
+                assert!(!env.lease_usable_below(&e, 1));
+            }
+        }
+    });
+}
+
+/// A push that started for an older epoch and finds a lease renewed at a newer epoch (or a
+/// longer expiry) must not write (SPEC F4): otherwise it would downgrade the lease after the
+/// newer epoch's revocation completed, and a write planned under the older epoch would commit.
+#[test]
+fn stale_push_never_downgrades_a_renewed_lease() {
+    each_backend(|env| {
+        let (ns, e) = (env.ns(), env.entity("a"));
+        assert!(matches!(
+            env.fence.write(&e, 0, put("k")).unwrap(),
+            WriteOutcome::Committed { .. }
+        ));
+        env.fence.bump_epoch(&ns, 1).unwrap();
+        let gate = env.hooks.arm(HookPoint::PushBeforeLeaseRead);
+        let fence = env.fence.clone();
+        let ns2 = ns.clone();
+        let stale_slice = thread::spawn(move || fence.revoke_step(&ns2, RevokeBudget::default()));
+        gate.wait_reached();
+        env.fence.bump_epoch(&ns, 2).unwrap();
+        env.clock.advance(21_000);
+        assert!(matches!(
+            env.fence.write(&e, 2, put("renew")).unwrap(),
+            WriteOutcome::Committed { .. }
+        ));
+        revoke_checking(env, &e, 2, 10);
+        gate.release();
+        assert!(matches!(
+            stale_slice.join().unwrap().unwrap(),
+            RevokeProgress::Pending { .. }
+        ));
+        assert_eq!(
+            env.lease(&e).unwrap().epoch,
+            2,
+            "the lease was not downgraded"
+        );
+        assert!(matches!(
+            env.fence.write(&e, 1, put("late")),
+            Err(Error::Fenced { .. })
+        ));
+        assert_eq!(env.store.get(&e.partition(), b"late").unwrap(), None);
+    });
+}

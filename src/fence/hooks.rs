@@ -12,8 +12,12 @@ use crate::entity::EntityId;
 pub enum HookPoint {
     /// A write has planned its batch and is about to apply it to the entity.
     WriteBeforeApply,
+    /// A renewal has read the coordinator and is about to commit the leased-shard row.
+    RenewalBeforeRow,
     /// A renewal has committed the leased-shard row and not yet written the entity's lease.
     RenewalAfterRow,
+    /// A push is about to read the entity's lease (the slice has already read the row).
+    PushBeforeLeaseRead,
     /// A push has read the entity's lease and is about to write it.
     PushBeforeLeaseWrite,
     /// A push has committed the entity's lease and not yet acknowledged it.

@@ -321,6 +321,7 @@ impl Fence {
             return Ok(PushLease::Pushed(pending));
         }
         for _ in 0..MAX_PUSH_ATTEMPTS {
+            self.hook(HookPoint::PushBeforeLeaseRead, Some(&pending.entity));
             let lease_raw = self.inner.store.get(&partition, keys.lease())?;
             let lease: Option<LeaseRow> = rows::decode_opt("lease row", lease_raw.as_deref())?;
             if let Some(lease) = lease

@@ -147,6 +147,7 @@ fn plan_attempt(
     let coordinator = entity.namespace().coordinator_partition();
     for (fg, p) in fences.iter().zip(&prepared) {
         if let Some((reservation, _)) = &p.renewal {
+            fg.fence.hook(HookPoint::RenewalBeforeRow, Some(entity));
             if !fg
                 .fence
                 .inner
