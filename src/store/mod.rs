@@ -8,7 +8,7 @@ mod file;
 mod memory;
 mod types;
 
-pub use file::{OpenMode, OsFs, PathKind, Vfs, VfsFile, VfsLock};
+pub use file::{FailMode, FaultFs, OpenMode, OsFs, PathKind, Vfs, VfsFile, VfsLock};
 
 pub use memory::MemoryStore;
 pub(crate) use types::check_guards;

@@ -2,6 +2,8 @@
 //! partition, group commit, lazy per-partition indexes, recovery and compaction.
 //! See `docs/DESIGN.md` for the on-disk format and the reasoning behind it.
 
+mod fault;
 mod vfs;
 
+pub use fault::{FailMode, FaultFs};
 pub use vfs::{OpenMode, OsFs, PathKind, Vfs, VfsFile, VfsLock};
