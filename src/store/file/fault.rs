@@ -134,6 +134,13 @@ impl FaultFs {
         FaultFs::from_disk(self.shared.lock().disk.process_crash_image())
     }
 
+    /// An independent copy of the disk as it is now: current, durable and unsynced state alike,
+    /// so crash images can still be taken from it after the original has moved on (a store
+    /// closing on drop, for example). Locks and planned faults are not copied.
+    pub fn fork(&self) -> FaultFs {
+        FaultFs::from_disk(self.shared.lock().disk.clone())
+    }
+
     /// Makes the `k`-th operation (counting from 1, over every call through [`Vfs`] and
     /// [`VfsFile`]) fail with an I/O error, then behave as `mode` says. A failed write changes
     /// nothing; a failed `sync_data` loses that file's unsynced writes.
@@ -176,7 +183,13 @@ impl FaultFs {
 
     /// Whether any write or directory change awaits a sync.
     pub fn has_unsynced(&self) -> bool {
-        self.shared.lock().disk.has_unsynced()
+        !self.unsynced().is_empty()
+    }
+
+    /// What awaits a sync, described: "entries of <dir>" for a directory whose entry changes
+    /// are not yet synced, "writes to <file>" for a file with unsynced writes.
+    pub fn unsynced(&self) -> Vec<String> {
+        self.shared.lock().disk.unsynced()
     }
 
     /// The bytes a file holds now (what readers see), without counting an operation.

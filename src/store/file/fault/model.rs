@@ -342,10 +342,21 @@ impl Disk {
         Ok(())
     }
 
-    /// Whether anything at all awaits a sync (for tests of the model and of the store).
-    pub(crate) fn has_unsynced(&self) -> bool {
-        self.dirs.values().any(DirData::has_unsynced)
-            || self.files.values().any(|f| f.has_unsynced())
+    /// What awaits a sync: directories with unsynced entry changes, and files (by their current
+    /// names) with unsynced writes.
+    pub(crate) fn unsynced(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for (path, dir) in &self.dirs {
+            if dir.has_unsynced() {
+                found.push(format!("entries of {}", path.display()));
+            }
+            for (name, id) in &dir.current {
+                if self.files[id].has_unsynced() {
+                    found.push(format!("writes to {}", path.join(name).display()));
+                }
+            }
+        }
+        found
     }
 
     /// A disk as a power cut could leave this one, chosen by `rng`. Everything in it is durable.

@@ -339,3 +339,15 @@ fn thousands_of_small_crash_images_are_cheap() {
     // Generous: this is a smoke test of cost, not a benchmark.
     assert!(start.elapsed().as_secs() < 30);
 }
+
+#[test]
+fn a_fork_keeps_unsynced_state_and_is_independent() {
+    let fs = disk_with_file();
+    let f = fs.open(p("/d/f"), OpenMode::ReadWrite).unwrap();
+    f.write_all_at(b"unsynced", 0).unwrap();
+    let fork = fs.fork();
+    f.sync_data().unwrap();
+    assert!(fork.has_unsynced());
+    assert!(outcomes(&fork).contains(&Some(Vec::new())));
+    drop(fork.try_lock(p("/d/LOCK")).unwrap());
+}
