@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod check;
+pub mod layout;
 pub mod logs;
 pub mod rng;
 pub mod workload;
