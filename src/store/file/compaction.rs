@@ -43,11 +43,14 @@ pub(super) fn worth_compacting(inner: &Inner) -> bool {
     if inner.compaction_running.load(Ordering::Acquire) {
         return false;
     }
+    let garbage = inner.garbage_bytes.load(Ordering::Relaxed);
+    if garbage < 2 * inner.config.segment_bytes {
+        return false;
+    }
     let segments = inner.journal.live_segments().len() as u64;
     if segments < 3 {
         return false;
     }
-    let garbage = inner.garbage_bytes.load(Ordering::Relaxed);
     garbage * 2 > segments * inner.config.segment_bytes
 }
 
