@@ -198,12 +198,13 @@ fn attribute(bytes: &[u8], at: usize, seed: u32) -> (Option<u64>, Option<String>
     }
 }
 
-fn read_all(file: &Arc<dyn VfsFile>, number: u32) -> Result<Vec<u8>> {
+/// Reads a segment from `from` to its end: open reads only the journal after the snapshot.
+fn read_from(file: &Arc<dyn VfsFile>, number: u32, from: u64) -> Result<Vec<u8>> {
     let len = file
         .len()
         .map_err(|e| Error::io(format!("sizing segment {number}"), e))?;
-    let mut bytes = vec![0u8; len as usize];
-    file.read_exact_at(&mut bytes, 0)
+    let mut bytes = vec![0u8; len.saturating_sub(from) as usize];
+    file.read_exact_at(&mut bytes, from)
         .map_err(|e| Error::io(format!("reading segment {number}"), e))?;
     Ok(bytes)
 }
@@ -244,17 +245,19 @@ pub fn scan(
             continue;
         }
         let segment = segments[&number].clone();
-        let bytes = read_all(&segment.file, number)?;
-        let mut at = if number == start_segment {
-            start_offset as usize
+        // `bytes` starts at `base`; positions below are relative to it.
+        let base = if number == start_segment {
+            start_offset
         } else {
-            SEGMENT_HEADER_LEN as usize
+            SEGMENT_HEADER_LEN
         };
+        let bytes = read_from(&segment.file, number, base)?;
+        let mut at = 0usize;
         let is_last = Some(number) == last;
         while at < bytes.len() {
             match probe(&bytes, at, segment.seed, expected) {
                 Probe::Valid(frame, name, len) => {
-                    heads.insert(name.into_boxed_slice(), loc(number, at as u64));
+                    heads.insert(name.into_boxed_slice(), loc(number, base + at as u64));
                     expected = Some(frame.lsn + 1);
                     at += len as usize;
                     bytes_scanned += len;
@@ -272,25 +275,27 @@ pub fn scan(
                     };
                     if is_last && !durable_damage {
                         let dropped = bytes.len() as u64 - at as u64;
+                        let cut = base + at as u64;
                         log::warn!(
-                            "journal segment {number}: torn tail at offset {at}, truncating {dropped} bytes of unacknowledged writes"
+                            "journal segment {number}: torn tail at offset {cut}, truncating {dropped} bytes of unacknowledged writes"
                         );
                         segment
                             .file
-                            .set_len(at as u64)
+                            .set_len(cut)
                             .and_then(|()| segment.file.sync_data())
                             .map_err(|e| Error::io(format!("truncating segment {number}"), e))?;
                         torn_tail = Some(TornTail {
                             segment: number,
-                            offset: at as u64,
+                            offset: cut,
                             bytes_dropped: dropped,
                         });
-                        end_of_tail = at as u64;
+                        end_of_tail = cut;
                         break 'segments;
                     }
                     let (hash, partition) = attribute(&bytes, at, segment.seed);
+                    let offset = base + at as u64;
                     log::error!(
-                        "journal segment {number} offset {at}: damaged record (partition {}); its partition will refuse to load",
+                        "journal segment {number} offset {offset}: damaged record (partition {}); its partition will refuse to load",
                         partition.as_deref().unwrap_or("unknown")
                     );
                     if let Some(h) = hash {
@@ -298,7 +303,7 @@ pub fn scan(
                     }
                     damage.records.push(DamagedRecord {
                         segment: number,
-                        offset: at as u64,
+                        offset,
                         partition,
                     });
                     match next {
@@ -316,7 +321,7 @@ pub fn scan(
                 }
             }
         }
-        end_of_tail = at as u64;
+        end_of_tail = base + at as u64;
     }
 
     let next_lsn = expected.unwrap_or(1);
