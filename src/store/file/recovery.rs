@@ -126,14 +126,31 @@ enum Probe {
     Bad,
 }
 
-fn probe(bytes: &[u8], at: usize, seed: u32, expected_lsn: Option<u64>) -> Probe {
+/// How the LSN of the next record must relate to the one expected.
+#[derive(Clone, Copy)]
+enum LsnRule {
+    /// Any LSN (nothing is known yet).
+    Any,
+    /// Exactly this one (within a segment, LSNs are consecutive).
+    Exactly(u64),
+    /// At least this one (at a segment's start: compaction may have deleted the segments
+    /// between, taking their LSNs with them).
+    AtLeast(u64),
+}
+
+fn probe(bytes: &[u8], at: usize, seed: u32, rule: LsnRule) -> Probe {
     let Some(frame) = bytes
         .get(at..at + FRAME_LEN)
         .and_then(|h| decode_frame(seed, h))
     else {
         return Probe::Bad;
     };
-    if expected_lsn.is_some_and(|lsn| lsn != frame.lsn) {
+    let lsn_ok = match rule {
+        LsnRule::Any => true,
+        LsnRule::Exactly(lsn) => frame.lsn == lsn,
+        LsnRule::AtLeast(lsn) => frame.lsn >= lsn,
+    };
+    if !lsn_ok {
         return Probe::Bad;
     }
     let body_start = at + FRAME_LEN;
@@ -163,7 +180,7 @@ fn find_valid(
         // Cheap filter before the checksum: the LSN field must be plausible.
         let lsn = u64::from_le_bytes(bytes[at + 9..at + 17].try_into().unwrap());
         if after_lsn.is_none_or(|after| lsn > after && lsn - after < (1 << 32))
-            && let Probe::Valid(frame, _, _) = probe(bytes, at, seed, None)
+            && let Probe::Valid(frame, _, _) = probe(bytes, at, seed, LsnRule::Any)
         {
             return Some((at, frame));
         }
@@ -255,7 +272,13 @@ pub fn scan(
         let mut at = 0usize;
         let is_last = Some(number) == last;
         while at < bytes.len() {
-            match probe(&bytes, at, segment.seed, expected) {
+            let at_segment_start = at == 0 && base == SEGMENT_HEADER_LEN;
+            let rule = match expected {
+                None => LsnRule::Any,
+                Some(lsn) if at_segment_start => LsnRule::AtLeast(lsn),
+                Some(lsn) => LsnRule::Exactly(lsn),
+            };
+            match probe(&bytes, at, segment.seed, rule) {
                 Probe::Valid(frame, name, len) => {
                     heads.insert(name.into_boxed_slice(), loc(number, base + at as u64));
                     expected = Some(frame.lsn + 1);
