@@ -251,3 +251,84 @@ fn long_chains_are_bounded_by_base_records() {
         10
     );
 }
+
+fn segment_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir.join("journal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+}
+
+/// Compaction keeps the segments of a damaged partition and deletes the others; a later full
+/// rebuild (snapshot removed) must accept the LSN gap the deleted segments leave, and still
+/// report the damage instead of mistaking the gap for more damage.
+#[test]
+fn rebuild_after_compaction_accepts_lsn_gaps_and_reports_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        FileStore::builder(dir.path())
+            .segment_bytes(16 << 10)
+            .auto_compact(false)
+            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+            .open()
+            .unwrap()
+    };
+    let store = open();
+    let write = |name: &str, round: u8| {
+        let mut v = vec![1u8; 500];
+        v[0] = round;
+        let b = Batch::new().put(format!("k{}", round % 5).into_bytes(), v);
+        assert!(store.apply(&part(name), &b).unwrap().is_committed());
+    };
+    // "a" fills the first segments alone; b, c and d fill the later ones.
+    for round in 0..40u8 {
+        write("a", round);
+    }
+    let a_segments = store.stats().segments;
+    for round in 0..40u8 {
+        for name in ["b", "c", "d"] {
+            write(name, round);
+        }
+    }
+    store.close().unwrap();
+    let files = segment_files(dir.path());
+    assert!(files.len() as u64 >= a_segments + 3, "{files:?}");
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&files[0], &bytes).unwrap();
+
+    let store = open();
+    let report = store.compact().unwrap();
+    assert_eq!(report.segments_kept as u64, a_segments, "{report:?}");
+    assert!(report.segments_removed >= 2, "{report:?}");
+    store.close().unwrap();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "snap") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let store = open();
+    let report = store.open_report().clone();
+    assert!(report.rebuilt_by_full_scan);
+    assert_eq!(report.damaged.len(), 1, "{report:?}");
+    assert_eq!(
+        report.damaged[0].partition.as_deref(),
+        Some("a"),
+        "{report:?}"
+    );
+    assert!(matches!(
+        store.get(&part("a"), b"k4"),
+        Err(Error::Corrupt { .. })
+    ));
+    for name in ["b", "c", "d"] {
+        assert_eq!(
+            store.get(&part(name), b"k4").unwrap().unwrap()[0],
+            39,
+            "partition {name}"
+        );
+    }
+}

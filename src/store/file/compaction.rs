@@ -43,11 +43,14 @@ pub(super) fn worth_compacting(inner: &Inner) -> bool {
     if inner.compaction_running.load(Ordering::Acquire) {
         return false;
     }
+    let garbage = inner.garbage_bytes.load(Ordering::Relaxed);
+    if garbage < 2 * inner.config.segment_bytes {
+        return false;
+    }
     let segments = inner.journal.live_segments().len() as u64;
     if segments < 3 {
         return false;
     }
-    let garbage = inner.garbage_bytes.load(Ordering::Relaxed);
     garbage * 2 > segments * inner.config.segment_bytes
 }
 
@@ -86,26 +89,22 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
     let victim_set: HashSet<u32> = victims.iter().copied().collect();
     let mut keep: HashSet<u32> = HashSet::new();
 
-    let mut names: Vec<Vec<u8>> = Vec::new();
-    let mut seen = HashSet::new();
+    let mut found: Vec<(u32, HashSet<Vec<u8>>)> = Vec::new();
     for &number in &victims {
         match partitions_in_segment(inner, number) {
-            Ok(found) => {
-                for name in found {
-                    if seen.insert(name.clone()) {
-                        names.push(name);
-                    }
-                }
-            }
+            Ok(names) => found.push((number, names)),
             Err(e) => {
                 log::warn!("compaction keeps segment {number}: {e}");
                 keep.insert(number);
             }
         }
     }
+    let mut names: Vec<&Vec<u8>> = found.iter().flat_map(|(_, names)| names).collect();
+    names.sort();
+    names.dedup();
 
     for name in names {
-        let Ok(p) = Partition::new(&name) else {
+        let Ok(p) = Partition::new(name) else {
             continue;
         };
         let Some(state) = inner.part(&p, false) else {
@@ -117,8 +116,12 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
                 report.bytes_copied += copied;
             }
             Err(Error::Corrupt { .. }) => {
-                // Keep the evidence: a corrupt partition's segments are not deleted.
-                keep.extend(victims.iter().copied());
+                // Keep the evidence: the segments holding a corrupt partition's records stay.
+                for (number, names) in &found {
+                    if names.contains(name) {
+                        keep.insert(*number);
+                    }
+                }
             }
             Err(e) => return Err(e),
         }

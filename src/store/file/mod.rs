@@ -539,11 +539,10 @@ impl Inner {
     }
 
     /// Writes a base record once the chain since the last one is long enough, so the next
-    /// load walks a bounded chain. Not waited on: it only shortens future loads.
+    /// load walks a bounded chain. Not waited on: it only shortens future loads. Batches still
+    /// in flight are folded into the base (it follows them in the journal, so a crash that
+    /// keeps the base keeps them too); a hot partition thus gets bases even under constant load.
     fn maybe_write_base(&self, state: &PartState, commit: &mut CommitState) -> Result<()> {
-        if !commit.pending.is_empty() {
-            return Ok(());
-        }
         let view = state.view.read();
         let due = self
             .config
@@ -552,7 +551,20 @@ impl Inner {
         if commit.chain_len < due {
             return Ok(());
         }
-        self.write_base(state, commit, &view.index)
+        if commit.pending.is_empty() {
+            return self.write_base(state, commit, &view.index);
+        }
+        let mut index = view.index.clone();
+        drop(view);
+        for pending in &commit.pending {
+            let ops = pending.ops.iter().map(|op| match op {
+                PendingOp::Put(k, v, _) => IndexOp::Put(k.clone(), *v),
+                PendingOp::Delete(k) => IndexOp::Delete(k.clone().into_boxed_slice()),
+                PendingOp::DeleteRange(r) => IndexOp::DeleteRange(r.clone()),
+            });
+            partition::apply_to_index(&mut index, ops);
+        }
+        self.write_base(state, commit, &index)
     }
 
     fn write_base(
@@ -840,8 +852,14 @@ impl Store for FileStore {
         self.inner.check_open()?;
         let table = self.inner.table.read();
         let mut names = Vec::new();
-        for name in table.keys() {
-            if name.starts_with(prefix) {
+        for (name, slot) in table.iter() {
+            // A partition exists once a batch of it has been written; a refused first batch
+            // leaves no trace.
+            let head = slot
+                .state
+                .as_ref()
+                .map_or(slot.head, |s| partition::head_of(s));
+            if head != 0 && name.starts_with(prefix) {
                 names.push(Partition::new(name)?);
             }
         }

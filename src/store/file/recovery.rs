@@ -126,14 +126,31 @@ enum Probe {
     Bad,
 }
 
-fn probe(bytes: &[u8], at: usize, seed: u32, expected_lsn: Option<u64>) -> Probe {
+/// How the LSN of the next record must relate to the one expected.
+#[derive(Clone, Copy)]
+enum LsnRule {
+    /// Any LSN (nothing is known yet).
+    Any,
+    /// Exactly this one (within a segment, LSNs are consecutive).
+    Exactly(u64),
+    /// At least this one (at a segment's start: compaction may have deleted the segments
+    /// between, taking their LSNs with them).
+    AtLeast(u64),
+}
+
+fn probe(bytes: &[u8], at: usize, seed: u32, rule: LsnRule) -> Probe {
     let Some(frame) = bytes
         .get(at..at + FRAME_LEN)
         .and_then(|h| decode_frame(seed, h))
     else {
         return Probe::Bad;
     };
-    if expected_lsn.is_some_and(|lsn| lsn != frame.lsn) {
+    let lsn_ok = match rule {
+        LsnRule::Any => true,
+        LsnRule::Exactly(lsn) => frame.lsn == lsn,
+        LsnRule::AtLeast(lsn) => frame.lsn >= lsn,
+    };
+    if !lsn_ok {
         return Probe::Bad;
     }
     let body_start = at + FRAME_LEN;
@@ -163,7 +180,7 @@ fn find_valid(
         // Cheap filter before the checksum: the LSN field must be plausible.
         let lsn = u64::from_le_bytes(bytes[at + 9..at + 17].try_into().unwrap());
         if after_lsn.is_none_or(|after| lsn > after && lsn - after < (1 << 32))
-            && let Probe::Valid(frame, _, _) = probe(bytes, at, seed, None)
+            && let Probe::Valid(frame, _, _) = probe(bytes, at, seed, LsnRule::Any)
         {
             return Some((at, frame));
         }
@@ -198,12 +215,13 @@ fn attribute(bytes: &[u8], at: usize, seed: u32) -> (Option<u64>, Option<String>
     }
 }
 
-fn read_all(file: &Arc<dyn VfsFile>, number: u32) -> Result<Vec<u8>> {
+/// Reads a segment from `from` to its end: open reads only the journal after the snapshot.
+fn read_from(file: &Arc<dyn VfsFile>, number: u32, from: u64) -> Result<Vec<u8>> {
     let len = file
         .len()
         .map_err(|e| Error::io(format!("sizing segment {number}"), e))?;
-    let mut bytes = vec![0u8; len as usize];
-    file.read_exact_at(&mut bytes, 0)
+    let mut bytes = vec![0u8; len.saturating_sub(from) as usize];
+    file.read_exact_at(&mut bytes, from)
         .map_err(|e| Error::io(format!("reading segment {number}"), e))?;
     Ok(bytes)
 }
@@ -244,17 +262,25 @@ pub fn scan(
             continue;
         }
         let segment = segments[&number].clone();
-        let bytes = read_all(&segment.file, number)?;
-        let mut at = if number == start_segment {
-            start_offset as usize
+        // `bytes` starts at `base`; positions below are relative to it.
+        let base = if number == start_segment {
+            start_offset
         } else {
-            SEGMENT_HEADER_LEN as usize
+            SEGMENT_HEADER_LEN
         };
+        let bytes = read_from(&segment.file, number, base)?;
+        let mut at = 0usize;
         let is_last = Some(number) == last;
         while at < bytes.len() {
-            match probe(&bytes, at, segment.seed, expected) {
+            let at_segment_start = at == 0 && base == SEGMENT_HEADER_LEN;
+            let rule = match expected {
+                None => LsnRule::Any,
+                Some(lsn) if at_segment_start => LsnRule::AtLeast(lsn),
+                Some(lsn) => LsnRule::Exactly(lsn),
+            };
+            match probe(&bytes, at, segment.seed, rule) {
                 Probe::Valid(frame, name, len) => {
-                    heads.insert(name.into_boxed_slice(), loc(number, at as u64));
+                    heads.insert(name.into_boxed_slice(), loc(number, base + at as u64));
                     expected = Some(frame.lsn + 1);
                     at += len as usize;
                     bytes_scanned += len;
@@ -272,25 +298,27 @@ pub fn scan(
                     };
                     if is_last && !durable_damage {
                         let dropped = bytes.len() as u64 - at as u64;
+                        let cut = base + at as u64;
                         log::warn!(
-                            "journal segment {number}: torn tail at offset {at}, truncating {dropped} bytes of unacknowledged writes"
+                            "journal segment {number}: torn tail at offset {cut}, truncating {dropped} bytes of unacknowledged writes"
                         );
                         segment
                             .file
-                            .set_len(at as u64)
+                            .set_len(cut)
                             .and_then(|()| segment.file.sync_data())
                             .map_err(|e| Error::io(format!("truncating segment {number}"), e))?;
                         torn_tail = Some(TornTail {
                             segment: number,
-                            offset: at as u64,
+                            offset: cut,
                             bytes_dropped: dropped,
                         });
-                        end_of_tail = at as u64;
+                        end_of_tail = cut;
                         break 'segments;
                     }
                     let (hash, partition) = attribute(&bytes, at, segment.seed);
+                    let offset = base + at as u64;
                     log::error!(
-                        "journal segment {number} offset {at}: damaged record (partition {}); its partition will refuse to load",
+                        "journal segment {number} offset {offset}: damaged record (partition {}); its partition will refuse to load",
                         partition.as_deref().unwrap_or("unknown")
                     );
                     if let Some(h) = hash {
@@ -298,7 +326,7 @@ pub fn scan(
                     }
                     damage.records.push(DamagedRecord {
                         segment: number,
-                        offset: at as u64,
+                        offset,
                         partition,
                     });
                     match next {
@@ -316,7 +344,7 @@ pub fn scan(
                 }
             }
         }
-        end_of_tail = at as u64;
+        end_of_tail = base + at as u64;
     }
 
     let next_lsn = expected.unwrap_or(1);
