@@ -511,8 +511,6 @@ fn unsynced_run(policy: SyncPolicy) -> (FaultFs, Run) {
 /// Under the weaker sync policies a power cut may lose recent acknowledged batches, but never
 /// shows a partial batch and never damages a partition (their documented promise; SPEC S4).
 #[test]
-#[ignore = "store bug: without per-commit syncs, a sealed segment is not synced before the next \
-            segment is written, so a power cut reports damage (Corrupt) instead of a torn tail"]
 fn a_power_cut_under_a_weak_sync_policy_loses_only_recent_batches() {
     let mut model = Model::default();
     for policy in [

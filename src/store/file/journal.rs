@@ -290,26 +290,18 @@ impl Journal {
     fn lead(&self, st: &mut MutexGuard<'_, State>, sync: bool) {
         st.leader_active = true;
         let queue = std::mem::take(&mut st.queue);
-        let dirty = if sync {
-            std::mem::take(&mut st.dirty)
-        } else {
-            Vec::new()
-        };
+        // Only the leader touches `dirty`, so it can be taken and handed back.
+        let dirty = std::mem::take(&mut st.dirty);
         let target = st.next_lsn - 1;
         let result = MutexGuard::unlocked(st, || self.write_queue(queue, dirty, sync));
         st.leader_active = false;
         match result {
-            Ok(touched) => {
+            Ok(still_dirty) => {
                 st.written_lsn = target;
                 if sync {
                     st.synced_lsn = target;
-                } else {
-                    for n in touched {
-                        if !st.dirty.contains(&n) {
-                            st.dirty.push(n);
-                        }
-                    }
                 }
+                st.dirty = still_dirty;
             }
             Err(e) => {
                 log::error!("journal write or sync failed; refusing writes until reopened: {e}");
@@ -319,16 +311,14 @@ impl Journal {
         self.durable.notify_all();
     }
 
-    /// Writes the queued chunks in order; syncs them and `dirty` if `sync`. Returns the
-    /// segments written to.
+    /// Writes the queued chunks in order. Before a new segment starts, every segment written
+    /// but not yet synced is synced, whatever the policy, so a sealed segment is always whole on
+    /// disk. With `sync`, everything is synced at the end. Returns the segments left unsynced.
     fn write_queue(&self, queue: Vec<Chunk>, mut dirty: Vec<u32>, sync: bool) -> Result<Vec<u32>> {
-        let mut touched: Vec<u32> = Vec::new();
         for chunk in queue {
             match chunk {
                 Chunk::NewSegment { number, salt } => {
-                    // Everything before a new segment is synced first, so damage in any segment
-                    // but the last is known to be corruption, never a torn write.
-                    for n in touched.drain(..).chain(dirty.drain(..)) {
+                    for n in dirty.drain(..) {
                         self.sync_segment(n)?;
                     }
                     let segment = create_segment(&*self.vfs, &self.dir, number, salt)?;
@@ -342,23 +332,18 @@ impl Journal {
                     let file = self.segment(segment)?.file;
                     file.write_all_at(&bytes, offset)
                         .map_err(|e| Error::io(format!("writing journal segment {segment}"), e))?;
-                    if !touched.contains(&segment) {
-                        touched.push(segment);
+                    if !dirty.contains(&segment) {
+                        dirty.push(segment);
                     }
                 }
             }
         }
         if sync {
-            for n in dirty {
-                if !touched.contains(&n) {
-                    touched.push(n);
-                }
-            }
-            for &n in &touched {
+            for n in dirty.drain(..) {
                 self.sync_segment(n)?;
             }
         }
-        Ok(touched)
+        Ok(dirty)
     }
 
     fn sync_segment(&self, number: u32) -> Result<()> {
