@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::Barrier;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 
 use portcullis::store::{
@@ -114,6 +114,7 @@ macro_rules! conformance_suite {
             ops_in_one_batch_apply_in_order,
             empty_batch_commits,
             concurrent_compare_and_set_loses_no_update,
+            concurrent_claims_have_exactly_one_winner,
             readers_never_see_half_applied_batch,
             partitions_are_independent,
             list_partitions_by_prefix,
@@ -234,6 +235,21 @@ pub fn snapshot(store: &dyn Store) -> BTreeMap<Partition, Rows> {
             (p, rows)
         })
         .collect()
+}
+
+/// Marks a group of writer threads finished when the last one ends, even by a panic, so
+/// readers that loop "until the writers are done" stop at once if a writer fails.
+struct LastOneOut<'a> {
+    left: &'a AtomicUsize,
+    done: &'a AtomicBool,
+}
+
+impl Drop for LastOneOut<'_> {
+    fn drop(&mut self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.done.store(true, Ordering::Release);
+        }
+    }
 }
 
 fn keys_of(rows: &Rows) -> Vec<Vec<u8>> {
@@ -800,6 +816,11 @@ pub fn scan_pages_are_consistent_under_concurrent_batches(open: Open) {
     let barrier = Barrier::new(SCANNERS + 1);
     thread::scope(|scope| {
         scope.spawn(|| {
+            let writers_left = AtomicUsize::new(1);
+            let _finish = LastOneOut {
+                left: &writers_left,
+                done: &done,
+            };
             barrier.wait();
             for g in 1..=BATCHES {
                 let old = (g - 1) as usize % SLOTS;
@@ -819,7 +840,6 @@ pub fn scan_pages_are_consistent_under_concurrent_batches(open: Open) {
                 batch = batch.put(tok(new), gen_val(g));
                 commit(s, &p, batch);
             }
-            done.store(true, Ordering::Release);
         });
         for t in 0..SCANNERS {
             let (range, done, barrier, p, state) = (&range, &done, &barrier, &p, &state);
@@ -1473,7 +1493,9 @@ pub fn empty_batch_commits(open: Open) {
 pub fn concurrent_compare_and_set_loses_no_update(open: Open) {
     const THREADS: usize = 8;
     const PER_THREAD: usize = 125;
-    const MAX_ATTEMPTS: usize = 1_000_000;
+    // Each failed attempt of a thread follows a distinct commit by another thread (the counter
+    // only grows, and every retry re-reads it), so no thread needs more attempts than this.
+    const MAX_ATTEMPTS: usize = THREADS * PER_THREAD + PER_THREAD;
     let f = fresh(open);
     let s = &*f.store;
     let p = part("counter");
@@ -1488,7 +1510,10 @@ pub fn concurrent_compare_and_set_loses_no_update(open: Open) {
                 for i in 0..PER_THREAD {
                     loop {
                         attempts += 1;
-                        assert!(attempts < MAX_ATTEMPTS, "thread {t} cannot make progress");
+                        assert!(
+                            attempts <= MAX_ATTEMPTS,
+                            "thread {t}: more failed attempts than commits by others"
+                        );
                         let cur = s.get(p, b"n").unwrap().expect("counter present");
                         let n: u64 = std::str::from_utf8(&cur).unwrap().parse().unwrap();
                         let batch = Batch::new()
@@ -1525,87 +1550,158 @@ pub fn concurrent_compare_and_set_loses_no_update(open: Open) {
     );
 }
 
+/// S2: preconditions are checked and operations applied as one step: threads released together
+/// by a barrier race the same `Absent(claim)` + `Put(claim)` batch, round after round, and
+/// exactly one of them commits each round. The winner's batch also records its own name, so a
+/// second winner would show as a second record.
+pub fn concurrent_claims_have_exactly_one_winner(open: Open) {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 300;
+    let f = fresh(open);
+    let s = &*f.store;
+    let p = part("claims");
+    let barrier = Barrier::new(THREADS);
+    let results: Vec<(Vec<usize>, Vec<String>)> = thread::scope(|scope| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (p, barrier) = (&p, &barrier);
+                scope.spawn(move || {
+                    let (mut won, mut surprises) = (Vec::new(), Vec::new());
+                    for round in 0..ROUNDS {
+                        barrier.wait();
+                        let claim = format!("claim/{round:04}").into_bytes();
+                        let batch = Batch::new()
+                            .absent(claim.clone())
+                            .put(claim, t.to_string())
+                            .put(format!("winner/{round:04}/{t}").into_bytes(), b("1"));
+                        // Never panic inside a round: the other threads would wait at the
+                        // barrier forever. Record the surprise and check it after the join.
+                        match s.apply(p, &batch) {
+                            Ok(Outcome::Committed) => won.push(round),
+                            Ok(Outcome::PreconditionFailed { index: 0 }) => {}
+                            other => surprises.push(format!("round {round}: {other:?}")),
+                        }
+                    }
+                    (won, surprises)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let surprises: Vec<&String> = results.iter().flat_map(|(_, s)| s).collect();
+    assert!(surprises.is_empty(), "unexpected answers: {surprises:?}");
+    let wins: Vec<&Vec<usize>> = results.iter().map(|(w, _)| w).collect();
+    let mut rounds_won: Vec<usize> = wins.iter().copied().flatten().copied().collect();
+    rounds_won.sort_unstable();
+    assert_eq!(
+        rounds_won,
+        (0..ROUNDS).collect::<Vec<_>>(),
+        "each round has exactly one winner"
+    );
+    let winners = scan_all(s, &p, &KeyRange::prefix(b"winner/"), 64);
+    assert_eq!(winners.len(), ROUNDS, "one winner record per round");
+    for (t, won) in wins.iter().enumerate() {
+        for round in won.iter() {
+            let claim = format!("claim/{round:04}").into_bytes();
+            assert_eq!(s.get(&p, &claim).unwrap(), Some(t.to_string().into_bytes()));
+        }
+    }
+}
+
 /// S2: a reader never observes a half-applied multi-key batch.
 ///
-/// Writers keep `x == y` (both the same generation, `y` rewritten by Delete+Put) and move a
-/// marker key between `m0` and `m1` in the same batches; readers use `get_many` (with a
-/// duplicate key) and one-page scans and must always see both keys equal and exactly one marker
-/// naming that generation's parity.
+/// Writers keep every one of `x`, `y0`..`y5` at the same generation (each `y` rewritten by
+/// Delete+Put) and move a marker key between `m0` and `m1` in the same batches; readers use
+/// `get_many` (with a duplicate key) and one-page scans and must always see every key at one
+/// generation and exactly one marker, the one that generation's parity names.
 pub fn readers_never_see_half_applied_batch(open: Open) {
     const WRITERS: usize = 2;
     const PER_WRITER: usize = 150;
     const READERS: usize = 2;
+    const YS: usize = 6;
     const MAX_READS: usize = 200_000;
     let f = fresh(open);
     let s = &*f.store;
     let p = part("pairs");
-    commit(
-        s,
-        &p,
-        Batch::new()
-            .put(b("x"), b("0"))
-            .put(b("y"), b("0"))
-            .put(b("m0"), b("0")),
-    );
+    let ys: Vec<Vec<u8>> = (0..YS).map(|i| format!("y{i}").into_bytes()).collect();
+    let mut init = Batch::new().put(b("x"), b("0")).put(b("m0"), b("0"));
+    for y in &ys {
+        init = init.put(y.clone(), b("0"));
+    }
+    commit(s, &p, init);
+    let parse = |v: &[u8]| -> u64 { std::str::from_utf8(v).unwrap().parse().unwrap() };
     let done = AtomicBool::new(false);
-    let writers_left = std::sync::atomic::AtomicUsize::new(WRITERS);
+    let writers_left = AtomicUsize::new(WRITERS);
+    // As in the compare-and-set case, failures are bounded by the other writers' commits.
+    const MAX_ATTEMPTS: usize = WRITERS * PER_WRITER + PER_WRITER;
     let barrier = Barrier::new(WRITERS + READERS);
     thread::scope(|scope| {
         for _ in 0..WRITERS {
-            let (p, barrier, done, writers_left) = (&p, &barrier, &done, &writers_left);
+            let (p, ys, barrier, done, writers_left) = (&p, &ys, &barrier, &done, &writers_left);
             scope.spawn(move || {
+                let _finish = LastOneOut {
+                    left: writers_left,
+                    done,
+                };
                 barrier.wait();
                 let mut attempts = 0;
                 for _ in 0..PER_WRITER {
                     loop {
                         attempts += 1;
-                        assert!(attempts < 1_000_000, "writer cannot make progress");
+                        assert!(
+                            attempts <= MAX_ATTEMPTS,
+                            "more failed attempts than commits by other writers"
+                        );
                         let cur = s.get(p, b"x").unwrap().unwrap();
-                        let g: u64 = std::str::from_utf8(&cur).unwrap().parse().unwrap();
+                        let g = parse(&cur);
                         let next = (g + 1).to_string().into_bytes();
-                        let batch = Batch::new()
+                        let mut batch = Batch::new()
                             .equals(b("x"), cur)
                             .put(b("x"), next.clone())
-                            .delete(b("y"))
-                            .put(b("y"), next.clone())
-                            .delete(format!("m{}", g % 2).into_bytes())
-                            .put(format!("m{}", (g + 1) % 2).into_bytes(), next);
+                            .delete(format!("m{}", g % 2).into_bytes());
+                        for y in ys {
+                            batch = batch.delete(y.clone()).put(y.clone(), next.clone());
+                        }
+                        batch = batch.put(format!("m{}", (g + 1) % 2).into_bytes(), next);
                         if s.apply(p, &batch).unwrap().is_committed() {
                             break;
                         }
                     }
                 }
-                if writers_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    done.store(true, Ordering::Release);
-                }
             });
         }
         for r in 0..READERS {
-            let (p, barrier, done) = (&p, &barrier, &done);
+            let (p, ys, barrier, done) = (&p, &ys, &barrier, &done);
             scope.spawn(move || {
                 barrier.wait();
+                let mut keys: Vec<&[u8]> = vec![b"x", b"m0", b"m1"];
+                keys.extend(ys.iter().map(Vec::as_slice));
+                keys.push(b"x");
                 let mut reads = 0;
                 while reads < 10 || (!done.load(Ordering::Acquire) && reads < MAX_READS) {
                     reads += 1;
                     if (reads + r) % 4 == 0 {
-                        let page = s.scan(p, &KeyRange::all(), None, 10).unwrap();
-                        let vals: Vec<&[u8]> =
-                            page.entries.iter().map(|(_, v)| v.as_slice()).collect();
-                        assert_eq!(page.entries.len(), 3, "half-applied batch: {page:?}");
+                        let page = s.scan(p, &KeyRange::all(), None, 100).unwrap();
+                        assert_eq!(page.entries.len(), YS + 2, "half-applied batch: {page:?}");
+                        let g = parse(&page.entries[0].1);
                         assert!(
-                            vals.iter().all(|v| *v == vals[0]),
+                            page.entries.iter().all(|(_, v)| parse(v) == g),
                             "half-applied batch: {page:?}"
                         );
-                        let g: u64 = std::str::from_utf8(vals[0]).unwrap().parse().unwrap();
                         assert_eq!(page.entries[0].0, format!("m{}", g % 2).into_bytes());
                         continue;
                     }
-                    let got = s.get_many(p, &[b"x", b"m0", b"y", b"m1", b"x"]).unwrap();
+                    let got = s.get_many(p, &keys).unwrap();
+                    assert_eq!(got.len(), keys.len());
                     let x = got[0].clone().expect("x present");
-                    assert_eq!(got[2].as_ref(), Some(&x), "half-applied batch: {got:?}");
-                    assert_eq!(got[4].as_ref(), Some(&x), "one view per call: {got:?}");
-                    let g: u64 = std::str::from_utf8(&x).unwrap().parse().unwrap();
-                    let (here, gone) = if g.is_multiple_of(2) { (1, 3) } else { (3, 1) };
+                    for (k, v) in keys.iter().zip(&got).skip(3) {
+                        assert_eq!(v.as_ref(), Some(&x), "half-applied batch at {k:?}: {got:?}");
+                    }
+                    let (here, gone) = if parse(&x).is_multiple_of(2) {
+                        (1, 2)
+                    } else {
+                        (2, 1)
+                    };
                     assert_eq!(got[here].as_ref(), Some(&x), "marker missing: {got:?}");
                     assert_eq!(got[gone], None, "two markers: {got:?}");
                 }
@@ -1614,7 +1710,9 @@ pub fn readers_never_see_half_applied_batch(open: Open) {
     });
     let total = (WRITERS * PER_WRITER).to_string().into_bytes();
     assert_eq!(s.get(&p, b"x").unwrap(), Some(total.clone()));
-    assert_eq!(s.get(&p, b"y").unwrap(), Some(total));
+    for y in &ys {
+        assert_eq!(s.get(&p, y).unwrap(), Some(total.clone()));
+    }
 }
 
 /// S2: partitions are independent: the same key in two partitions holds two values, guards read
