@@ -8,7 +8,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::{
     Batch, Cursor, KeyRange, Op, Outcome, Partition, ScanPage, Store, StoreStats, check_guards,
-    check_limit,
+    check_key, check_limit,
 };
 use crate::clock::{SharedClock, SystemClock};
 use crate::error::{Error, Result};
@@ -71,11 +71,15 @@ impl MemoryStore {
 impl Store for MemoryStore {
     fn get(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.check_open()?;
+        check_key(key)?;
         Ok(self.rows(p).and_then(|rows| rows.lock().get(key).cloned()))
     }
 
     fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
         self.check_open()?;
+        for key in keys {
+            check_key(key)?;
+        }
         let Some(rows) = self.rows(p) else {
             return Ok(vec![None; keys.len()]);
         };

@@ -21,7 +21,7 @@
 //!
 //! fn open_file(clock: ManualClock) -> Fixture {
 //!     let dir = tempfile::tempdir().unwrap();
-//!     let store = FileStore::open(dir.path(), Arc::new(clock.clone())).unwrap();
+//!     let store = FileStore::builder(dir.path()).clock(Arc::new(clock.clone())).open().unwrap();
 //!     // `keeping` holds the directory until the fixture drops, after the store.
 //!     Fixture::new(Arc::new(store), clock).keeping(dir)
 //! }
@@ -120,6 +120,7 @@ macro_rules! conformance_suite {
             list_partitions_by_prefix,
             key_size_limit,
             empty_key_is_refused,
+            reads_with_invalid_keys_are_refused,
             value_size_limit,
             batch_size_limit,
             invalid_partition_names_are_refused,
@@ -1899,6 +1900,31 @@ pub fn key_size_limit(open: Open) {
 
 /// S1/E1: an empty key is refused with `InvalidArgument` wherever a key appears, and the refusal
 /// changes nothing. (An empty *value* is fine, and so is an empty range bound.)
+/// S1/E1: a read with an empty or oversize key is bad input: a clear error, not an answer.
+pub fn reads_with_invalid_keys_are_refused(open: Open) {
+    let f = fresh(open);
+    let s = &*f.store;
+    let p = part("read-keys");
+    put_all(s, &p, &[(b("a"), b("1"))]);
+    let long = vec![b'k'; MAX_KEY_BYTES + 1];
+    assert!(matches!(s.get(&p, b""), Err(Error::InvalidArgument(_))));
+    assert!(matches!(s.get(&p, &long), Err(Error::TooLarge { .. })));
+    let keys: [&[u8]; 2] = [b"a", b""];
+    assert!(matches!(
+        s.get_many(&p, &keys),
+        Err(Error::InvalidArgument(_))
+    ));
+    let keys: [&[u8]; 2] = [b"a", &long];
+    assert!(matches!(s.get_many(&p, &keys), Err(Error::TooLarge { .. })));
+    // The same holds on a partition that does not exist.
+    let missing = part("never-written");
+    assert!(matches!(
+        s.get(&missing, b""),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(s.get(&p, b"a").unwrap(), Some(b("1")));
+}
+
 pub fn empty_key_is_refused(open: Open) {
     let f = fresh(open);
     let s = &*f.store;

@@ -478,6 +478,21 @@ impl Inner {
         self.load_locked(state, &mut commit)
     }
 
+    /// Makes reads linearizable: a read waits for the batches of this partition that were
+    /// committed before it began (appended, and so already decided) to become durable, then
+    /// sees them. Readers never see a batch that a crash could still take away, and a reader
+    /// that lost a compare-and-set sees the batch that beat it on its next read.
+    fn catch_up(&self, state: &PartState) {
+        let appended = state.appended_lsn.load(Ordering::Acquire);
+        if appended <= state.folded_lsn.load(Ordering::Acquire) {
+            return;
+        }
+        // If the sync fails the batch never becomes visible; the durable view is still right.
+        if self.journal.wait_durable(appended).is_ok() {
+            self.fold(state, &mut state.commit.lock());
+        }
+    }
+
     /// Builds the partition's index on first access (SPEC S5, S8).
     fn load_locked(&self, state: &PartState, commit: &mut CommitState) -> Result<()> {
         match &commit.load {
@@ -530,6 +545,7 @@ impl Inner {
         let mut view = state.view.write();
         while commit.pending.front().is_some_and(|p| p.lsn <= visible) {
             let pending = commit.pending.pop_front().expect("checked above");
+            state.folded_lsn.store(pending.lsn, Ordering::Release);
             let freed = partition::apply_to_index(
                 &mut view.index,
                 pending.ops.into_iter().map(IndexOp::from),
@@ -704,6 +720,7 @@ impl Store for FileStore {
             return Ok(None);
         };
         inner.ensure_loaded(&state)?;
+        inner.catch_up(&state);
         let found = state.view.read().index.get(key).copied();
         found.map(|v| inner.read_value(&state, &v)).transpose()
     }
@@ -718,6 +735,7 @@ impl Store for FileStore {
             return Ok(vec![None; keys.len()]);
         };
         inner.ensure_loaded(&state)?;
+        inner.catch_up(&state);
         // Locations are taken under one lock, so the answers are one consistent view; values
         // at a location never change.
         let locs: Vec<Option<ValueLoc>> = {
@@ -747,6 +765,7 @@ impl Store for FileStore {
             return Ok(ScanPage::default());
         };
         inner.ensure_loaded(&state)?;
+        inner.catch_up(&state);
         if range.is_empty() {
             return Ok(ScanPage::default());
         }
@@ -829,6 +848,7 @@ impl Store for FileStore {
                 })
                 .collect();
             commit.pending.push_back(Pending { lsn, ops });
+            state.appended_lsn.store(lsn, Ordering::Release);
             commit.chain_len += 1;
             lsn
         };

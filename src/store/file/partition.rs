@@ -25,6 +25,10 @@ pub struct PartState {
     /// Location of the newest record of this partition's chain, durable or not. Written under
     /// the journal's append mutex so a heads snapshot sees it consistent with journal order.
     pub head: AtomicU64,
+    /// LSN of the newest batch appended for this partition.
+    pub appended_lsn: AtomicU64,
+    /// LSN of the newest batch folded into the readers' view.
+    pub folded_lsn: AtomicU64,
     pub commit: Mutex<CommitState>,
     pub view: RwLock<View>,
 }
@@ -79,6 +83,8 @@ impl PartState {
             name,
             hash,
             head: AtomicU64::new(head),
+            appended_lsn: AtomicU64::new(0),
+            folded_lsn: AtomicU64::new(0),
             commit: Mutex::new(CommitState {
                 load: Load::NotLoaded,
                 pending: VecDeque::new(),
