@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use portcullis::fence::{
     Fence, FenceConfig, FenceHooks, HookPoint, LeaseRow, ShardRow, decode_row,
 };
-use portcullis::store::{MemoryStore, Store};
+use portcullis::store::{FileStore, MemoryStore, Store, SyncPolicy};
 use portcullis::{Clock, EntityId, ManualClock, Namespace, SharedClock};
 
 /// Builds a fresh, empty store whose `NotAfter` reads `store_clock`. The guard keeps any
@@ -23,9 +23,21 @@ pub type BackendFactory = fn(SharedClock) -> (Arc<dyn Store>, Box<dyn std::any::
 
 /// Every backend the fencing tests run on. A file-backed store is added here with one line.
 pub fn backends() -> Vec<(&'static str, BackendFactory)> {
-    vec![("memory", |clock| {
-        (Arc::new(MemoryStore::with_clock(clock)), Box::new(()))
-    })]
+    vec![
+        ("memory", |clock| {
+            (Arc::new(MemoryStore::with_clock(clock)), Box::new(()))
+        }),
+        // Fencing does not test durability, so the file store skips syncs here.
+        ("file", |clock| {
+            let dir = tempfile::tempdir().unwrap();
+            let store = FileStore::builder(dir.path())
+                .clock(clock)
+                .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+                .open()
+                .unwrap();
+            (Arc::new(store), Box::new(dir))
+        }),
+    ]
 }
 
 /// A clock that reads a base clock plus a settable offset: the store's clock, which tests
