@@ -1,0 +1,102 @@
+//! What every system implements, and the data every workload writes.
+
+use std::error::Error;
+use std::path::Path;
+
+/// Any error of any system, carried up to `main`.
+pub type R<T> = Result<T, Box<dyn Error + Send + Sync>>;
+
+/// One thread's unit of work: returns whether it succeeded (a committed row, a won
+/// compare-and-set). Its argument is the attempt number of that thread, from 0.
+pub type Worker<'a> = Box<dyn FnMut(u64) -> R<bool> + Send + 'a>;
+
+/// A store prepared for a multi-threaded workload.
+pub trait Bench: Sync {
+    /// A worker for thread `thread`, made before the clock starts.
+    fn worker(&self, thread: usize) -> R<Worker<'_>>;
+    /// (batches, syncs) counted by the system itself, where it exposes them.
+    fn counters(&self) -> Option<(u64, u64)> {
+        None
+    }
+}
+
+/// A reopened store holding per-entity logs.
+pub trait Reader {
+    /// Reads entity `entity`'s whole history in order; returns (records, value bytes).
+    fn read_entity(&self, entity: u64) -> R<(usize, usize)>;
+    /// Closes the store (so it can be reopened in the same process).
+    fn close(self: Box<Self>) -> R<()>;
+}
+
+/// In which order the rows of a data set are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Record 0 of every entity, then record 1 of every entity, ... (appends interleaved in
+    /// time, as a live system writes them). Each record is its own append.
+    Interleaved,
+    /// All records of entity 0, then entity 1, ... Each entity's records are one batch.
+    PerEntity,
+}
+
+/// A data set of per-entity logs.
+#[derive(Clone, Copy, Debug)]
+pub struct DataSet {
+    pub entities: u64,
+    pub records: u64,
+    pub value_len: usize,
+    pub order: Order,
+    /// Rows per transaction for the peers' bulk load.
+    pub rows_per_txn: usize,
+}
+
+impl DataSet {
+    /// Every (entity, seq) in write order.
+    pub fn rows(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let (n, m) = (self.entities, self.records);
+        (0..n * m).map(move |i| match self.order {
+            Order::Interleaved => (i % n, i / n),
+            Order::PerEntity => (i / m, i % m),
+        })
+    }
+}
+
+/// The value of record `seq` of `entity`: pseudo-random bytes, so that no system gains from
+/// compressing them.
+pub fn value(entity: u64, seq: u64, len: usize) -> Vec<u8> {
+    let mut x = entity
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(seq.wrapping_mul(0xC2B2_AE3D_27D4_EB4F))
+        | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A system under test.
+pub trait System: Sync {
+    fn name(&self) -> &'static str;
+    /// How the system is configured, in one line.
+    fn config(&self) -> String;
+    /// An empty store for durable single-row commits.
+    fn commits(&self, dir: &Path) -> R<Box<dyn Bench>>;
+    /// A store holding one row, for compare-and-set contention.
+    fn cas(&self, dir: &Path) -> R<Box<dyn Bench>>;
+    /// Writes `data` into a fresh store in `dir` and closes it cleanly.
+    fn load(&self, dir: &Path, data: &DataSet) -> R<()>;
+    /// Opens the store in `dir`.
+    fn open(&self, dir: &Path) -> R<Box<dyn Reader>>;
+}
+
+/// A 16-byte key: entity then sequence number, both big-endian, so keys sort by entity then seq.
+pub fn log_key(entity: u64, seq: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&entity.to_be_bytes());
+    k[8..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
