@@ -20,6 +20,7 @@
 pub mod clock;
 pub mod entity;
 pub mod error;
+pub mod log;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};

@@ -1,0 +1,34 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use portcullis::store::{MemoryStore, Store};
+
+/// A store under test, with whatever keeps it alive (a temporary directory for file stores).
+pub struct Backend {
+    /// A name for failure messages.
+    pub name: &'static str,
+    /// The store.
+    pub store: Arc<dyn Store>,
+    _keep: Option<Box<dyn std::any::Any>>,
+}
+
+fn memory() -> Backend {
+    Backend {
+        name: "memory",
+        store: Arc::new(MemoryStore::new()),
+        _keep: None,
+    }
+}
+
+/// Every backend the structure tests run against. The file-backed store joins with one line.
+const BACKENDS: &[fn() -> Backend] = &[memory];
+
+/// Runs `test` once against a fresh store of every backend.
+pub fn each_backend(mut test: impl FnMut(&Backend)) {
+    for make in BACKENDS {
+        let backend = make();
+        test(&backend);
+    }
+}
