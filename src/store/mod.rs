@@ -4,8 +4,11 @@
 //! file-backed store (the default) and the in-memory store (for tests). It knows nothing of
 //! entities, epochs or restores, and calls nothing above it.
 
+mod file;
 mod memory;
 mod types;
+
+pub use file::{OpenMode, OsFs, PathKind, Vfs, VfsFile, VfsLock};
 
 pub use memory::MemoryStore;
 pub(crate) use types::check_guards;
