@@ -157,7 +157,8 @@ fn l1_concurrent_appenders_never_share_a_sequence_number() {
                         // Under heavy contention `append` may give up (bounded retries); the
                         // caller retries, as the error asks.
                         loop {
-                            match log::append(&*store, &p, &[rec.clone()], Batch::new()) {
+                            match log::append(&*store, &p, std::slice::from_ref(&rec), Batch::new())
+                            {
                                 Ok(done) => break assert!(done.committed().is_some()),
                                 Err(Error::Unavailable { .. }) => continue,
                                 Err(e) => panic!("{e}"),
