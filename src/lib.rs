@@ -18,9 +18,11 @@
 #![deny(missing_docs)]
 
 pub mod clock;
+pub mod engine;
 pub mod entity;
 pub mod error;
 pub mod log;
+pub mod restore;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
