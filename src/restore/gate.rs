@@ -15,6 +15,7 @@
 //! (`release` moves Contained or Damaged back to Pending; nothing else ever goes back.)
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::ThreadId;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -41,6 +42,9 @@ pub(crate) enum Phase {
 pub(crate) struct Gate {
     phase: Mutex<Phase>,
     changed: Condvar,
+    /// Threads parked on `changed` right now (observability, and lets tests know a herd has
+    /// formed without sleeping).
+    waiters: AtomicUsize,
 }
 
 impl Gate {
@@ -48,6 +52,7 @@ impl Gate {
         Gate {
             phase: Mutex::new(phase),
             changed: Condvar::new(),
+            waiters: AtomicUsize::new(0),
         }
     }
 
@@ -57,7 +62,14 @@ impl Gate {
 
     /// Waits for the phase to change (spurious wakeups are fine: callers loop).
     pub(crate) fn wait(&self, guard: &mut MutexGuard<'_, Phase>) {
+        self.waiters.fetch_add(1, Ordering::AcqRel);
         self.changed.wait(guard);
+        self.waiters.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Threads waiting on this gate right now.
+    pub(crate) fn waiters(&self) -> usize {
+        self.waiters.load(Ordering::Acquire)
     }
 
     /// Sets the phase and wakes every waiter.

@@ -79,6 +79,8 @@ pub struct PhaseCounts {
     pub restored: u64,
     /// Contained, including fail-closed ones.
     pub contained: u64,
+    /// Threads waiting on some entity's gate right now.
+    pub waiting: u64,
 }
 
 /// The registry of entities, their gates, and the restore unit runner.
@@ -362,6 +364,7 @@ impl<M: StateMachine> Restorer<M> {
             ..PhaseCounts::default()
         };
         for slot in slots {
+            counts.waiting += slot.gate.waiters() as u64;
             match &*slot.gate.lock() {
                 Phase::Pending => counts.pending += 1,
                 Phase::Running { .. } => counts.running += 1,
