@@ -352,6 +352,19 @@ fn l4_a_checkpoint_that_does_not_match_its_history_is_contained() {
     let reason = engine.containment(&e).unwrap().unwrap();
     assert_eq!(reason.kind, ReasonKind::CorruptCheckpoint);
     assert_eq!(payloads(&engine, &other).unwrap().len(), 3);
-    // The off-lock audit agrees on the healthy entity.
+    // The off-lock audit agrees on the healthy entity...
     assert!(engine.verify_checkpoint(&other).unwrap());
+    // ...and catches history rewritten under a restored entity's checkpoint.
+    let q = other.partition();
+    let mut row = store.get(&q, &keys::record_key(1)).unwrap().unwrap();
+    *row.last_mut().unwrap() ^= 1;
+    let _ = store
+        .apply(&q, &Batch::new().put(keys::record_key(1), row))
+        .unwrap();
+    let err = engine.verify_checkpoint(&other).unwrap_err();
+    assert!(err.to_string().contains("corrupt-checkpoint"), "{err}");
+    assert_eq!(
+        engine.read(&other, |_| ()).unwrap_err().to_string(),
+        err.to_string()
+    );
 }

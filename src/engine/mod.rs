@@ -250,9 +250,7 @@ impl<M: StateMachine> Engine<M> {
             Ok(()) => Ok(true),
             Err(e @ Error::Corrupt { .. }) => {
                 let reason = Containment::new(ReasonKind::CorruptCheckpoint, e.to_string());
-                let mut state = slot.state();
-                state.take();
-                Err(self.inner.restorer.contain_restored(&slot, reason))
+                Err(self.inner.restorer.contain_unless_running(&slot, reason))
             }
             Err(e) => Err(e),
         }

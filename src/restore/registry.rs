@@ -261,14 +261,41 @@ impl<M: StateMachine> Restorer<M> {
     /// entity's state lock and has already emptied it; the gate's mutex is a leaf lock that
     /// no thread holds while waiting for state, so taking it here cannot deadlock.
     pub(crate) fn contain_restored(&self, slot: &Slot<M::State>, reason: Containment) -> Error {
+        let error = reason.to_error(&slot.entity);
+        let reason = Arc::new(reason);
+        // Recorded before telemetry runs, so a panicking hook cannot leave it looking restored.
+        slot.gate.set(Phase::Contained(Arc::clone(&reason)));
         telemetry::contained(
             &self.metrics,
             &slot.entity,
             &reason,
             std::time::Duration::ZERO,
         );
+        error
+    }
+
+    /// Contains an entity found damaged by an audit that ran off its lock, unless a restore
+    /// unit is running for it right now (that unit records its own outcome, and checks the
+    /// checkpoint itself). Returns the refusal either way.
+    pub(crate) fn contain_unless_running(
+        &self,
+        slot: &Slot<M::State>,
+        reason: Containment,
+    ) -> Error {
         let error = reason.to_error(&slot.entity);
-        slot.gate.set(Phase::Contained(Arc::new(reason)));
+        let mut phase = slot.gate.lock();
+        if matches!(*phase, Phase::Running { .. }) {
+            return error;
+        }
+        *phase = Phase::Contained(Arc::new(reason.clone()));
+        drop(phase);
+        slot.gate.nudge();
+        telemetry::contained(
+            &self.metrics,
+            &slot.entity,
+            &reason,
+            std::time::Duration::ZERO,
+        );
         error
     }
 
