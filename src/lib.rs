@@ -28,3 +28,8 @@ pub mod store;
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use entity::{EntityId, Namespace};
 pub use error::{Error, Result};
+
+/// The README's usage example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -4,7 +4,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{TestEngine, TestMachine, TestStore, builder, entity, payloads};
+use common::engine::{TestEngine, TestMachine, TestStore, builder, entity, payloads};
 use portcullis::engine::Engine;
 use portcullis::log::{self, MAX_RECORD_BYTES};
 use portcullis::{EntityId, Error};

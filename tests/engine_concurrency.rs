@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{TestEngine, TestMachine, TestStore, builder, entity};
+use common::engine::{TestEngine, TestMachine, TestStore, builder, entity};
 use crossbeam::channel;
 use portcullis::Error;
 use portcullis::log;

@@ -8,7 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{TestEngine, TestMachine, TestStore, builder, entity, payloads};
+use common::engine::{TestEngine, TestMachine, TestStore, builder, entity, payloads};
 use portcullis::log::{self, keys};
 use portcullis::restore::{Metrics, ReasonKind, UnitReport};
 use portcullis::store::{Batch, Store};

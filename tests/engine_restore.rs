@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use common::{TestMachine, TestStore, builder, entity, payloads};
+use common::engine::{TestMachine, TestStore, builder, entity, payloads};
 use parking_lot::Mutex;
 use portcullis::engine::Deferred;
 use portcullis::log::{self, Checkpoint, keys};

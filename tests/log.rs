@@ -4,7 +4,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Backend, each_backend};
+use common::backends::{Backend, each_backend};
 use portcullis::Error;
 use portcullis::log::{
     self, Checkpoint, GENESIS_DIGEST, Guarded, MAX_RECORD_BYTES, chain_digest, keys,

@@ -8,7 +8,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::{
     Batch, Cursor, KeyRange, Op, Outcome, Partition, ScanPage, Store, StoreStats, check_guards,
-    check_limit,
+    check_key, check_limit,
 };
 use crate::clock::{SharedClock, SystemClock};
 use crate::error::{Error, Result};
@@ -71,11 +71,15 @@ impl MemoryStore {
 impl Store for MemoryStore {
     fn get(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.check_open()?;
+        check_key(key)?;
         Ok(self.rows(p).and_then(|rows| rows.lock().get(key).cloned()))
     }
 
     fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
         self.check_open()?;
+        for key in keys {
+            check_key(key)?;
+        }
         let Some(rows) = self.rows(p) else {
             return Ok(vec![None; keys.len()]);
         };
@@ -119,44 +123,34 @@ impl Store for MemoryStore {
     fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {
         self.check_open()?;
         batch.validate()?;
+        let now_ms = || self.clock.now_ms();
         let rows = match self.rows(p) {
             Some(rows) => rows,
-            None => self
-                .partitions
-                .write()
-                .entry(p.clone())
-                .or_default()
-                .clone(),
-        };
-        let mut rows = rows.lock();
-        if let Some(refused) = check_guards(
-            batch.guards(),
-            || self.clock.now_ms(),
-            |k| Ok(rows.get(k).cloned()),
-        )? {
-            return Ok(refused);
-        }
-        for op in batch.ops() {
-            match op {
-                Op::Put(k, v) => {
-                    rows.insert(k.clone(), v.clone());
-                }
-                Op::Delete(k) => {
-                    rows.remove(k);
-                }
-                Op::DeleteRange(r) => {
-                    if !r.is_empty() {
-                        let doomed: Vec<Vec<u8>> = rows
-                            .range::<[u8], _>(r.as_bounds())
-                            .map(|(k, _)| k.clone())
-                            .collect();
-                        for k in doomed {
-                            rows.remove(&k);
+            None => {
+                // A partition comes into being with its first committed batch: a refused batch
+                // must not leave an empty partition behind (SPEC S2: it changes nothing). The
+                // map's write lock keeps the check and the insertion atomic.
+                let mut partitions = self.partitions.write();
+                match partitions.get(p) {
+                    Some(rows) => rows.clone(),
+                    None => {
+                        if let Some(refused) = check_guards(batch.guards(), now_ms, |_| Ok(None))? {
+                            return Ok(refused);
                         }
+                        let mut rows = Rows::new();
+                        apply_ops(&mut rows, batch);
+                        partitions.insert(p.clone(), Arc::new(Mutex::new(rows)));
+                        self.batches.fetch_add(1, Ordering::Relaxed);
+                        return Ok(Outcome::Committed);
                     }
                 }
             }
+        };
+        let mut rows = rows.lock();
+        if let Some(refused) = check_guards(batch.guards(), now_ms, |k| Ok(rows.get(k).cloned()))? {
+            return Ok(refused);
         }
+        apply_ops(&mut rows, batch);
         self.batches.fetch_add(1, Ordering::Relaxed);
         Ok(Outcome::Committed)
     }
@@ -191,5 +185,30 @@ impl Store for MemoryStore {
     fn close(&self) -> Result<()> {
         self.closed.store(true, Ordering::Release);
         Ok(())
+    }
+}
+
+/// Applies a batch's operations, in order, to a partition's rows.
+fn apply_ops(rows: &mut Rows, batch: &Batch) {
+    for op in batch.ops() {
+        match op {
+            Op::Put(k, v) => {
+                rows.insert(k.clone(), v.clone());
+            }
+            Op::Delete(k) => {
+                rows.remove(k);
+            }
+            Op::DeleteRange(r) => {
+                if !r.is_empty() {
+                    let doomed: Vec<Vec<u8>> = rows
+                        .range::<[u8], _>(r.as_bounds())
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    for k in doomed {
+                        rows.remove(&k);
+                    }
+                }
+            }
+        }
     }
 }

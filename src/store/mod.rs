@@ -8,7 +8,10 @@ mod file;
 mod memory;
 mod types;
 
-pub use file::{OpenMode, OsFs, PathKind, Vfs, VfsFile, VfsLock};
+pub use file::{
+    CompactionReport, DamagedRecord, FailMode, FaultFs, FileStore, FileStoreBuilder, OpenMode,
+    OpenReport, OsFs, PathKind, SyncPolicy, TornTail, Vfs, VfsFile, VfsLock,
+};
 
 pub use memory::MemoryStore;
 pub(crate) use types::check_guards;

@@ -333,10 +333,10 @@ impl Batch {
                 Op::Delete(k) => check_key(k)?,
                 Op::DeleteRange(r) => {
                     for b in [&r.start, &r.end] {
-                        if let Bound::Included(k) | Bound::Excluded(k) = b {
-                            if k.len() > MAX_KEY_BYTES {
-                                return Err(too_large("range bound", k.len(), MAX_KEY_BYTES));
-                            }
+                        if let Bound::Included(k) | Bound::Excluded(k) = b
+                            && k.len() > MAX_KEY_BYTES
+                        {
+                            return Err(too_large("range bound", k.len(), MAX_KEY_BYTES));
                         }
                     }
                     r.bytes()

@@ -1,7 +1,915 @@
 //! The file-backed store: one shared journal of segment files with a chain of records per
 //! partition, group commit, lazy per-partition indexes, recovery and compaction.
-//! See `docs/DESIGN.md` for the on-disk format and the reasoning behind it.
+//!
+//! Owns: the on-disk format ([`format`]), the journal and its group commit ([`journal`]),
+//! per-partition indexes ([`partition`]), open-time recovery ([`recovery`]), heads snapshots and
+//! the manifest ([`container`]), compaction ([`compaction`]) and the file layer ([`vfs`]).
+//! See `docs/DESIGN.md` for the format and the reasoning behind it.
+//!
+//! Lock order, outermost first: partition table -> a partition's `commit` -> journal append
+//! mutex -> a partition's `view`. The heads snapshot takes the journal append mutex and then the
+//! partition table for reading; no path holds the table while appending, so the two never meet.
 
+mod compaction;
+mod container;
+mod fault;
+mod format;
+mod journal;
+mod partition;
+mod recovery;
 mod vfs;
 
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+
+pub use compaction::CompactionReport;
+pub use fault::{FailMode, FaultFs};
+pub use journal::SyncPolicy;
+pub use recovery::{DamagedRecord, TornTail};
 pub use vfs::{OpenMode, OsFs, PathKind, Vfs, VfsFile, VfsLock};
+
+use self::format::{Loc, MAX_BODY_LEN, RecordKind, ValueLoc};
+use self::journal::Journal;
+use self::partition::{CommitState, IndexOp, Load, Lookup, PartState, Pending, PendingOp};
+use self::recovery::Damage;
+use super::{
+    Batch, Cursor, KeyRange, Op, Outcome, Partition, ScanPage, Store, StoreStats, check_guards,
+    check_key, check_limit,
+};
+use crate::clock::{SharedClock, SystemClock};
+use crate::error::{Error, Result};
+
+const MANIFEST: &str = "MANIFEST";
+const MANIFEST_MAGIC: &[u8; 8] = b"PCLSMANI";
+const SNAPSHOT_MAGIC: &[u8; 8] = b"PCLSHEAD";
+const LOCK_FILE: &str = "LOCK";
+const JOURNAL_DIR: &str = "journal";
+
+#[derive(Serialize, Deserialize, Default)]
+struct Manifest {
+    /// The newest heads snapshot, if any.
+    snapshot: Option<String>,
+}
+
+/// Partition heads at a journal position: open loads this and scans only what follows.
+#[derive(Serialize, Deserialize)]
+struct HeadsSnapshot {
+    segment: u32,
+    offset: u64,
+    next_lsn: u64,
+    heads: Vec<(Vec<u8>, u64)>,
+}
+
+/// What opening the store read, and how long it took (SPEC S5).
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct OpenReport {
+    /// Wall time of the whole open.
+    pub elapsed: Duration,
+    /// Whether the directory held no store and one was created.
+    pub created: bool,
+    /// Bytes of heads snapshot read.
+    pub snapshot_bytes: u64,
+    /// Whether the store had to be rebuilt by scanning the whole journal (the snapshot or the
+    /// manifest was missing or unreadable).
+    pub rebuilt_by_full_scan: bool,
+    /// Bytes of journal scanned (only what was written after the snapshot).
+    pub journal_bytes_scanned: u64,
+    /// Records scanned in that journal.
+    pub records_scanned: u64,
+    /// Partitions known after open.
+    pub partitions: u64,
+    /// The torn tail that was truncated, if any.
+    pub torn_tail: Option<TornTail>,
+    /// Damaged records found (their partitions refuse to load; SPEC S4).
+    pub damaged: Vec<DamagedRecord>,
+}
+
+/// Configures and opens a [`FileStore`]. Every setter documents its default.
+///
+/// ```
+/// use portcullis::store::{FileStore, SyncPolicy};
+/// let dir = tempfile::tempdir().unwrap();
+/// let store = FileStore::builder(dir.path())
+///     .sync_policy(SyncPolicy::SyncEveryCommit)
+///     .segment_bytes(8 << 20)
+///     .open()
+///     .unwrap();
+/// assert!(store.open_report().created);
+/// ```
+#[derive(Clone, Debug)]
+pub struct FileStoreBuilder {
+    dir: PathBuf,
+    vfs: Arc<dyn Vfs>,
+    clock: SharedClock,
+    sync_policy: SyncPolicy,
+    segment_bytes: u64,
+    snapshot_every_bytes: u64,
+    base_every_records: u32,
+    auto_compact: bool,
+}
+
+impl FileStoreBuilder {
+    /// The file layer (default: the operating system's). Tests pass a fault-injecting one.
+    pub fn vfs(mut self, vfs: Arc<dyn Vfs>) -> Self {
+        self.vfs = vfs;
+        self
+    }
+
+    /// The clock `NotAfter` preconditions are checked against (default: the system clock).
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// How commits reach stable storage (default: [`SyncPolicy::SyncEveryCommit`]).
+    pub fn sync_policy(mut self, policy: SyncPolicy) -> Self {
+        self.sync_policy = policy;
+        self
+    }
+
+    /// Size at which the journal moves to a new segment file (default 32 MiB, at least 4 KiB).
+    pub fn segment_bytes(mut self, bytes: u64) -> Self {
+        self.segment_bytes = bytes.max(4096);
+        self
+    }
+
+    /// Journal bytes between heads snapshots; bounds what open must scan after a crash
+    /// (default 32 MiB).
+    pub fn snapshot_every_bytes(mut self, bytes: u64) -> Self {
+        self.snapshot_every_bytes = bytes.max(4096);
+        self
+    }
+
+    /// Records in a partition's chain before a base record bounds the next load (default 64;
+    /// larger partitions wait for one eighth of their key count).
+    pub fn base_every_records(mut self, records: u32) -> Self {
+        self.base_every_records = records.max(2);
+        self
+    }
+
+    /// Whether compaction starts by itself on the rayon pool when garbage outweighs live data
+    /// (default true).
+    pub fn auto_compact(mut self, on: bool) -> Self {
+        self.auto_compact = on;
+        self
+    }
+
+    /// Opens (creating if needed) the store.
+    pub fn open(self) -> Result<FileStore> {
+        FileStore::open_with(self)
+    }
+}
+
+struct Slot {
+    /// The newest record of the partition as of open; superseded by the state once touched.
+    head: Loc,
+    state: Option<Arc<PartState>>,
+}
+
+struct Inner {
+    config: FileStoreBuilder,
+    journal: Arc<Journal>,
+    table: RwLock<HashMap<Box<[u8]>, Slot>>,
+    damage: Damage,
+    closed: AtomicBool,
+    lock: Mutex<Option<Box<dyn VfsLock>>>,
+    report: OpenReport,
+    /// Serialises snapshot writers and remembers the newest snapshot's name.
+    snapshot: Mutex<Option<String>>,
+    snapshot_running: AtomicBool,
+    bytes_at_last_snapshot: AtomicU64,
+    compaction_running: AtomicBool,
+    compaction_lock: Mutex<()>,
+    batches: AtomicU64,
+    loaded: AtomicU64,
+    compactions: AtomicU64,
+    /// Estimated bytes of journal no longer reachable from any index.
+    garbage_bytes: AtomicU64,
+    _syncer: Option<crossbeam::channel::Sender<()>>,
+}
+
+/// The file-backed store (SPEC S3-S8, S10). Cheap to clone; clones share the store.
+///
+/// ```
+/// use portcullis::store::{Batch, FileStore, Partition, Store};
+/// let dir = tempfile::tempdir().unwrap();
+/// let p = Partition::new("sessions/1").unwrap();
+/// {
+///     let store = FileStore::open(dir.path()).unwrap();
+///     let outcome = store.apply(&p, &Batch::new().put(b"k".to_vec(), b"v".to_vec())).unwrap();
+///     assert!(outcome.is_committed());
+///     store.close().unwrap();
+/// }
+/// let store = FileStore::open(dir.path()).unwrap();
+/// assert_eq!(store.get(&p, b"k").unwrap(), Some(b"v".to_vec()));
+/// assert_eq!(store.open_report().journal_bytes_scanned, 0); // a clean close left a snapshot
+/// ```
+#[derive(Clone)]
+pub struct FileStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for FileStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileStore")
+            .field("dir", &self.inner.config.dir)
+            .finish()
+    }
+}
+
+impl FileStore {
+    /// Opens the store in `dir` with the default configuration, creating it if needed.
+    pub fn open(dir: impl AsRef<Path>) -> Result<FileStore> {
+        Self::builder(dir).open()
+    }
+
+    /// A configuration for the store in `dir`.
+    pub fn builder(dir: impl AsRef<Path>) -> FileStoreBuilder {
+        FileStoreBuilder {
+            dir: dir.as_ref().to_path_buf(),
+            vfs: Arc::new(OsFs),
+            clock: Arc::new(SystemClock),
+            sync_policy: SyncPolicy::default(),
+            segment_bytes: 32 << 20,
+            snapshot_every_bytes: 32 << 20,
+            base_every_records: 64,
+            auto_compact: true,
+        }
+    }
+
+    fn open_with(config: FileStoreBuilder) -> Result<FileStore> {
+        let started = Instant::now();
+        let vfs = config.vfs.clone();
+        let dir = config.dir.clone();
+        let io = |what: &str, e| Error::io(format!("{what} {}", dir.display()), e);
+        match vfs.kind(&dir).map_err(|e| io("inspecting", e))? {
+            Some(PathKind::File) => {
+                return Err(Error::invalid(format!(
+                    "{} is a file; a store needs a directory",
+                    dir.display()
+                )));
+            }
+            Some(PathKind::Dir) => {}
+            None => vfs.create_dir_all(&dir).map_err(|e| io("creating", e))?,
+        }
+        let lock = match vfs.try_lock(&dir.join(LOCK_FILE)) {
+            Ok(lock) => lock,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(Error::Locked {
+                    path: dir.display().to_string(),
+                });
+            }
+            Err(e) => return Err(io("locking", e)),
+        };
+        let journal_dir = dir.join(JOURNAL_DIR);
+        vfs.create_dir_all(&journal_dir)
+            .map_err(|e| io("creating the journal in", e))?;
+
+        let manifest =
+            container::read::<Manifest>(&*vfs, &dir, MANIFEST, MANIFEST_MAGIC)?.map(|(m, _)| m);
+        let segments = recovery::open_segments(&*vfs, &journal_dir)?;
+        let mut report = OpenReport::default();
+        let created = manifest.is_none() && segments.is_empty();
+        report.created = created;
+
+        let mut snapshot_name = None;
+        let mut start = None;
+        let mut heads = HashMap::new();
+        match manifest.as_ref().and_then(|m| m.snapshot.clone()) {
+            Some(name) => {
+                match container::read::<HeadsSnapshot>(&*vfs, &dir, &name, SNAPSHOT_MAGIC) {
+                    Ok(Some((snap, bytes))) => {
+                        report.snapshot_bytes = bytes;
+                        start = Some((snap.segment, snap.offset, snap.next_lsn));
+                        heads = snap
+                            .heads
+                            .into_iter()
+                            .map(|(k, v)| (k.into_boxed_slice(), v))
+                            .collect();
+                        snapshot_name = Some(name);
+                    }
+                    Ok(None) => {
+                        log::warn!("heads snapshot {name} is missing; rebuilding by a full scan");
+                        report.rebuilt_by_full_scan = true;
+                    }
+                    Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
+                    Err(e) => {
+                        log::warn!("heads snapshot unusable ({e}); rebuilding by a full scan");
+                        report.rebuilt_by_full_scan = true;
+                    }
+                }
+            }
+            None if !segments.is_empty() => {
+                log::warn!("no manifest or snapshot beside the journal; rebuilding by a full scan");
+                report.rebuilt_by_full_scan = true;
+            }
+            None => {}
+        }
+
+        let outcome = recovery::scan(
+            &*vfs,
+            &journal_dir,
+            segments,
+            start.map(|(s, o, _)| (s, o)),
+            start.map(|(_, _, l)| l),
+            heads,
+        )?;
+        report.journal_bytes_scanned = outcome.bytes_scanned;
+        report.records_scanned = outcome.records_scanned;
+        report.torn_tail = outcome.torn_tail.clone();
+        report.damaged = outcome.damage.records.clone();
+        report.partitions = outcome.heads.len() as u64;
+
+        let journal = Arc::new(Journal::new(
+            journal_dir,
+            vfs.clone(),
+            config.sync_policy,
+            config.segment_bytes,
+            outcome.tail,
+        ));
+        let table = outcome
+            .heads
+            .into_iter()
+            .map(|(name, head)| (name, Slot { head, state: None }))
+            .collect();
+        let syncer = match config.sync_policy {
+            SyncPolicy::PeriodicMayLoseRecent { interval_ms } => {
+                Some(spawn_periodic_syncer(journal.clone(), interval_ms))
+            }
+            _ => None,
+        };
+        let needs_snapshot = report.rebuilt_by_full_scan || manifest.is_none();
+        let inner = Arc::new(Inner {
+            config,
+            journal,
+            table: RwLock::new(table),
+            damage: outcome.damage,
+            closed: AtomicBool::new(false),
+            lock: Mutex::new(Some(lock)),
+            report: OpenReport::default(),
+            snapshot: Mutex::new(snapshot_name),
+            snapshot_running: AtomicBool::new(false),
+            bytes_at_last_snapshot: AtomicU64::new(0),
+            compaction_running: AtomicBool::new(false),
+            compaction_lock: Mutex::new(()),
+            batches: AtomicU64::new(0),
+            loaded: AtomicU64::new(0),
+            compactions: AtomicU64::new(0),
+            garbage_bytes: AtomicU64::new(0),
+            _syncer: syncer,
+        });
+        if needs_snapshot {
+            // A new store gets its manifest at once; a rebuilt one gets a snapshot, so the
+            // next open is fast again.
+            inner.write_snapshot()?;
+        }
+        report.elapsed = started.elapsed();
+        log::info!(
+            "opened store {}: {} partitions, {} snapshot bytes, {} journal bytes scanned in {:?}",
+            inner.config.dir.display(),
+            report.partitions,
+            report.snapshot_bytes,
+            report.journal_bytes_scanned,
+            report.elapsed
+        );
+        let mut inner = inner;
+        Arc::get_mut(&mut inner)
+            .expect("no other handle exists yet")
+            .report = report;
+        Ok(FileStore { inner })
+    }
+
+    /// What open read and how long it took.
+    pub fn open_report(&self) -> &OpenReport {
+        &self.inner.report
+    }
+
+    /// The store's directory.
+    pub fn path(&self) -> &Path {
+        &self.inner.config.dir
+    }
+
+    /// Writes and syncs everything committed so far, whatever the sync policy.
+    pub fn flush(&self) -> Result<()> {
+        self.inner.check_open()?;
+        self.inner.journal.sync_all().map(|_| ())
+    }
+
+    /// Writes a heads snapshot now, so that the next open scans nothing before this point.
+    pub fn write_heads_snapshot(&self) -> Result<()> {
+        self.inner.check_open()?;
+        self.inner.write_snapshot()
+    }
+
+    /// Reclaims space now: rewrites what is still live in every sealed segment and deletes
+    /// those segments (SPEC S7). Safe to call while others read and write.
+    pub fn compact(&self) -> Result<CompactionReport> {
+        self.inner.check_open()?;
+        compaction::compact(&self.inner)
+    }
+}
+
+fn spawn_periodic_syncer(
+    journal: Arc<Journal>,
+    interval_ms: u64,
+) -> crossbeam::channel::Sender<()> {
+    let (stop, stopped) = crossbeam::channel::bounded::<()>(0);
+    let interval = Duration::from_millis(interval_ms.max(1));
+    std::thread::Builder::new()
+        .name("portcullis-sync".into())
+        .spawn(move || {
+            // Runs until the store drops its sender.
+            while let Err(crossbeam::channel::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(interval)
+            {
+                if let Err(e) = journal.sync_all() {
+                    log::warn!("periodic sync failed: {e}");
+                    return;
+                }
+            }
+        })
+        .expect("spawning the periodic sync thread");
+    stop
+}
+
+impl Inner {
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    /// The state of partition `p`; `None` if it has never been written and `create` is false.
+    fn part(&self, p: &Partition, create: bool) -> Option<Arc<PartState>> {
+        {
+            let table = self.table.read();
+            match table.get(p.as_bytes()) {
+                Some(Slot { state: Some(s), .. }) => return Some(s.clone()),
+                None if !create => return None,
+                _ => {}
+            }
+        }
+        let mut table = self.table.write();
+        let slot = table.entry(Box::from(p.as_bytes())).or_insert(Slot {
+            head: 0,
+            state: None,
+        });
+        let head = slot.head;
+        Some(
+            slot.state
+                .get_or_insert_with(|| Arc::new(PartState::new(p.clone(), head)))
+                .clone(),
+        )
+    }
+
+    fn ensure_loaded(&self, state: &PartState) -> Result<()> {
+        if state.view.read().loaded {
+            return Ok(());
+        }
+        let mut commit = state.commit.lock();
+        self.load_locked(state, &mut commit)
+    }
+
+    /// Makes reads linearizable: a read waits for the batches of this partition that were
+    /// committed before it began (appended, and so already decided) to become durable, then
+    /// sees them. Readers never see a batch that a crash could still take away, and a reader
+    /// that lost a compare-and-set sees the batch that beat it on its next read.
+    fn catch_up(&self, state: &PartState) {
+        let appended = state.appended_lsn.load(Ordering::Acquire);
+        if appended <= state.folded_lsn.load(Ordering::Acquire) {
+            return;
+        }
+        // If the sync fails the batch never becomes visible; the durable view is still right.
+        if self.journal.wait_durable(appended).is_ok() {
+            self.fold(state, &mut state.commit.lock());
+        }
+    }
+
+    /// Builds the partition's index on first access (SPEC S5, S8).
+    fn load_locked(&self, state: &PartState, commit: &mut CommitState) -> Result<()> {
+        match &commit.load {
+            Load::Loaded => return Ok(()),
+            Load::Corrupt(detail) => return Err(state.corrupt_error(detail)),
+            Load::NotLoaded => {}
+        }
+        if self.damage.partition_hashes.contains(&state.hash) {
+            let detail = "a damaged record of this partition was found at open".to_owned();
+            log::warn!("partition {} refused: {detail}", state.name);
+            commit.load = Load::Corrupt(detail.clone());
+            return Err(state.corrupt_error(&detail));
+        }
+        match partition::load_index(&self.journal, state, partition::head_of(state)) {
+            Ok((index, chain_len)) => {
+                let mut view = state.view.write();
+                view.index = index;
+                view.loaded = true;
+                commit.chain_len = chain_len;
+                commit.load = Load::Loaded;
+                self.loaded.fetch_add(1, Ordering::Relaxed);
+                log::debug!(
+                    "loaded partition {} ({} keys, chain {})",
+                    state.name,
+                    view.index.len(),
+                    chain_len
+                );
+                Ok(())
+            }
+            Err(Error::Corrupt { what, detail }) => {
+                log::warn!("partition {} refused: {what}: {detail}", state.name);
+                let detail = format!("{what}: {detail}");
+                commit.load = Load::Corrupt(detail.clone());
+                Err(state.corrupt_error(&detail))
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    fn read_value(&self, state: &PartState, v: &ValueLoc) -> Result<Vec<u8>> {
+        self.journal.read_value(v, &state.name)
+    }
+
+    /// Moves batches that are now visible from `pending` into the readers' index, in order.
+    fn fold(&self, state: &PartState, commit: &mut CommitState) {
+        let visible = self.journal.visible_lsn();
+        if commit.pending.front().is_none_or(|p| p.lsn > visible) {
+            return;
+        }
+        let mut view = state.view.write();
+        while commit.pending.front().is_some_and(|p| p.lsn <= visible) {
+            let pending = commit.pending.pop_front().expect("checked above");
+            state.folded_lsn.store(pending.lsn, Ordering::Release);
+            let freed = partition::apply_to_index(
+                &mut view.index,
+                pending.ops.into_iter().map(IndexOp::from),
+            );
+            self.garbage_bytes.fetch_add(freed, Ordering::Relaxed);
+        }
+    }
+
+    /// Writes a base record once the chain since the last one is long enough, so the next
+    /// load walks a bounded chain. Not waited on: it only shortens future loads. Batches still
+    /// in flight are folded into the base (it follows them in the journal, so a crash that
+    /// keeps the base keeps them too); a hot partition thus gets bases even under constant load.
+    fn maybe_write_base(&self, state: &PartState, commit: &mut CommitState) -> Result<()> {
+        let view = state.view.read();
+        let due = self
+            .config
+            .base_every_records
+            .max((view.index.len() / 8) as u32);
+        if commit.chain_len < due {
+            return Ok(());
+        }
+        if commit.pending.is_empty() {
+            return self.write_base(state, commit, &view.index);
+        }
+        let mut index = view.index.clone();
+        drop(view);
+        for pending in &commit.pending {
+            let ops = pending.ops.iter().map(|op| match op {
+                PendingOp::Put(k, v, _) => IndexOp::Put(k.clone(), *v),
+                PendingOp::Delete(k) => IndexOp::Delete(k.clone().into_boxed_slice()),
+                PendingOp::DeleteRange(r) => IndexOp::DeleteRange(r.clone()),
+            });
+            partition::apply_to_index(&mut index, ops);
+        }
+        self.write_base(state, commit, &index)
+    }
+
+    fn write_base(
+        &self,
+        state: &PartState,
+        commit: &mut CommitState,
+        index: &partition::Index,
+    ) -> Result<()> {
+        let body = format::encode_base_body(
+            state.name.as_bytes(),
+            partition::head_of(state),
+            index.iter().map(|(k, v)| (&**k, v)),
+        );
+        if body.len() > MAX_BODY_LEN {
+            log::debug!(
+                "partition {} is too large for a base record; its chain stays long",
+                state.name
+            );
+            return Ok(());
+        }
+        self.journal
+            .append(RecordKind::Base, state.hash, &body, |_, at| {
+                state.head.store(at, Ordering::Release)
+            })?;
+        commit.chain_len = 1;
+        Ok(())
+    }
+
+    /// Writes a heads snapshot at the current journal position, then points the manifest at it.
+    fn write_snapshot(&self) -> Result<()> {
+        let mut newest = self.snapshot.lock();
+        let bytes_before = self.journal.counters.bytes_appended.load(Ordering::Relaxed);
+        let (segment, offset, next_lsn, heads) = self.journal.with_appends_paused(|| {
+            let table = self.table.read();
+            let mut heads = Vec::with_capacity(table.len());
+            for (name, slot) in table.iter() {
+                let head = match &slot.state {
+                    Some(state) => partition::head_of(state),
+                    None => slot.head,
+                };
+                if head != 0 {
+                    heads.push((name.to_vec(), head));
+                }
+            }
+            heads
+        });
+        // Every head must point at a durable record before the snapshot names it.
+        self.journal.sync_all()?;
+        let snapshot = HeadsSnapshot {
+            segment,
+            offset,
+            next_lsn,
+            heads,
+        };
+        let name = format!("heads-{next_lsn:020}.snap");
+        let vfs = &*self.config.vfs;
+        let dir = &self.config.dir;
+        container::write_atomic(vfs, dir, &name, SNAPSHOT_MAGIC, &snapshot)?;
+        container::write_atomic(
+            vfs,
+            dir,
+            MANIFEST,
+            MANIFEST_MAGIC,
+            &Manifest {
+                snapshot: Some(name.clone()),
+            },
+        )?;
+        if let Some(old) = newest.replace(name.clone())
+            && old != name
+        {
+            // The manifest no longer names it; a failure here only leaves a stray file.
+            if let Err(e) = vfs.remove(&dir.join(&old)) {
+                log::warn!("could not remove old heads snapshot {old}: {e}");
+            }
+        }
+        self.bytes_at_last_snapshot
+            .store(bytes_before, Ordering::Relaxed);
+        log::debug!(
+            "wrote heads snapshot {name} ({} partitions)",
+            snapshot.heads.len()
+        );
+        Ok(())
+    }
+
+    fn after_commit(self: &Arc<Self>) {
+        let appended = self.journal.counters.bytes_appended.load(Ordering::Relaxed);
+        let since = appended.saturating_sub(self.bytes_at_last_snapshot.load(Ordering::Relaxed));
+        if since >= self.config.snapshot_every_bytes
+            && !self.snapshot_running.swap(true, Ordering::AcqRel)
+        {
+            let inner = self.clone();
+            rayon::spawn(move || {
+                if let Err(e) = inner.write_snapshot() {
+                    log::warn!("background heads snapshot failed: {e}");
+                }
+                inner.snapshot_running.store(false, Ordering::Release);
+            });
+        }
+        if self.config.auto_compact && compaction::worth_compacting(self) {
+            compaction::spawn(self);
+        }
+    }
+
+    fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let result = match self.journal.failed() {
+            Some(reason) => Err(Error::SyncFailed(reason)),
+            None => self.write_snapshot(),
+        };
+        self.lock.lock().take();
+        log::info!("closed store {}", self.config.dir.display());
+        result
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if !self.closed.load(Ordering::Acquire)
+            && let Err(e) = self.close()
+        {
+            log::warn!(
+                "closing store {} on drop failed: {e}",
+                self.config.dir.display()
+            );
+        }
+    }
+}
+
+impl Store for FileStore {
+    fn get(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let inner = &self.inner;
+        inner.check_open()?;
+        check_key(key)?;
+        let Some(state) = inner.part(p, false) else {
+            return Ok(None);
+        };
+        inner.ensure_loaded(&state)?;
+        inner.catch_up(&state);
+        let found = state.view.read().index.get(key).copied();
+        found.map(|v| inner.read_value(&state, &v)).transpose()
+    }
+
+    fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        let inner = &self.inner;
+        inner.check_open()?;
+        for key in keys {
+            check_key(key)?;
+        }
+        let Some(state) = inner.part(p, false) else {
+            return Ok(vec![None; keys.len()]);
+        };
+        inner.ensure_loaded(&state)?;
+        inner.catch_up(&state);
+        // Locations are taken under one lock, so the answers are one consistent view; values
+        // at a location never change.
+        let locs: Vec<Option<ValueLoc>> = {
+            let view = state.view.read();
+            keys.iter().map(|k| view.index.get(*k).copied()).collect()
+        };
+        locs.into_iter()
+            .map(|v| v.map(|v| inner.read_value(&state, &v)).transpose())
+            .collect()
+    }
+
+    fn scan(
+        &self,
+        p: &Partition,
+        range: &KeyRange,
+        cursor: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<ScanPage> {
+        let inner = &self.inner;
+        inner.check_open()?;
+        check_limit(limit)?;
+        let range = match cursor {
+            Some(c) => range.after(&c.0),
+            None => range.clone(),
+        };
+        let Some(state) = inner.part(p, false) else {
+            return Ok(ScanPage::default());
+        };
+        inner.ensure_loaded(&state)?;
+        inner.catch_up(&state);
+        if range.is_empty() {
+            return Ok(ScanPage::default());
+        }
+        let (found, more) = {
+            let view = state.view.read();
+            let mut iter = view.index.range::<[u8], _>(range.as_bounds());
+            let found: Vec<(Vec<u8>, ValueLoc)> = iter
+                .by_ref()
+                .take(limit)
+                .map(|(k, v)| (k.to_vec(), *v))
+                .collect();
+            (found, iter.next().is_some())
+        };
+        let mut entries = Vec::with_capacity(found.len());
+        for (k, v) in found {
+            let value = inner.read_value(&state, &v)?;
+            entries.push((k, value));
+        }
+        let next = match (more, entries.last()) {
+            (true, Some((last, _))) => Some(Cursor(last.clone())),
+            _ => None,
+        };
+        Ok(ScanPage { entries, next })
+    }
+
+    fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {
+        let inner = &self.inner;
+        inner.check_open()?;
+        batch.validate()?;
+        if let Some(reason) = inner.journal.failed() {
+            return Err(Error::SyncFailed(reason));
+        }
+        let state = inner.part(p, true).expect("created on demand");
+        let lsn = {
+            let mut commit = state.commit.lock();
+            inner.load_locked(&state, &mut commit)?;
+            let refused = {
+                let view = state.view.read();
+                check_guards(
+                    batch.guards(),
+                    || inner.config.clock.now_ms(),
+                    |key| match commit.lookup(&view, key) {
+                        Lookup::Pending(value) => Ok(value),
+                        Lookup::Durable(None) => Ok(None),
+                        Lookup::Durable(Some(v)) => inner.read_value(&state, &v).map(Some),
+                    },
+                )?
+            };
+            if let Some(outcome) = refused {
+                return Ok(outcome);
+            }
+            if batch.ops().is_empty() {
+                return Ok(Outcome::Committed);
+            }
+            let (body, value_offsets) =
+                format::encode_batch_body(p.as_bytes(), partition::head_of(&state), batch.ops());
+            let (lsn, at) =
+                inner
+                    .journal
+                    .append(RecordKind::Batch, state.hash, &body, |_, at| {
+                        state.head.store(at, Ordering::Release)
+                    })?;
+            let body_at = at + format::FRAME_LEN as u64;
+            let mut offsets = value_offsets.into_iter();
+            let ops = batch
+                .ops()
+                .iter()
+                .map(|op| match op {
+                    Op::Put(k, v) => {
+                        let offset = offsets.next().expect("one offset per put");
+                        let loc = ValueLoc {
+                            at: body_at + offset as u64,
+                            len: v.len() as u32,
+                            crc: crc32c::crc32c(v),
+                        };
+                        PendingOp::Put(k.clone().into_boxed_slice(), loc, v.clone())
+                    }
+                    Op::Delete(k) => PendingOp::Delete(k.clone()),
+                    Op::DeleteRange(r) => PendingOp::DeleteRange(r.clone()),
+                })
+                .collect();
+            commit.pending.push_back(Pending { lsn, ops });
+            state.appended_lsn.store(lsn, Ordering::Release);
+            commit.chain_len += 1;
+            lsn
+        };
+        // Wait outside the partition's lock, so its next writer can queue behind us and share
+        // our sync (SPEC S3).
+        let durable = inner.journal.wait_durable(lsn);
+        {
+            let mut commit = state.commit.lock();
+            inner.fold(&state, &mut commit);
+            if durable.is_ok() {
+                inner.maybe_write_base(&state, &mut commit)?;
+            }
+        }
+        durable?;
+        inner.batches.fetch_add(1, Ordering::Relaxed);
+        inner.after_commit();
+        Ok(Outcome::Committed)
+    }
+
+    fn list_partitions(&self, prefix: &[u8]) -> Result<Vec<Partition>> {
+        self.inner.check_open()?;
+        let table = self.inner.table.read();
+        let mut names = Vec::new();
+        for (name, slot) in table.iter() {
+            // A partition exists once a batch of it has been written; a refused first batch
+            // leaves no trace.
+            let head = slot
+                .state
+                .as_ref()
+                .map_or(slot.head, |s| partition::head_of(s));
+            if head != 0 && name.starts_with(prefix) {
+                names.push(Partition::new(name)?);
+            }
+        }
+        drop(table);
+        names.sort();
+        Ok(names)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.inner.config.clock.now_ms()
+    }
+
+    fn stats(&self) -> StoreStats {
+        let inner = &self.inner;
+        StoreStats {
+            batches: inner.batches.load(Ordering::Relaxed),
+            syncs: inner.journal.counters.syncs.load(Ordering::Relaxed),
+            bytes_written: inner
+                .journal
+                .counters
+                .bytes_appended
+                .load(Ordering::Relaxed),
+            partitions: inner.table.read().len() as u64,
+            partitions_loaded: inner.loaded.load(Ordering::Relaxed),
+            segments: inner.journal.live_segments().len() as u64,
+            compactions: inner.compactions.load(Ordering::Relaxed),
+        }
+    }
+
+    fn close(&self) -> Result<()> {
+        self.inner.close()
+    }
+}

@@ -8,10 +8,11 @@ use std::fmt::Debug;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 /// An open file: positional reads and writes, data sync, length.
+#[allow(clippy::len_without_is_empty)]
 pub trait VfsFile: Send + Sync + Debug {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at the end).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
@@ -178,9 +179,4 @@ impl Vfs for OsFs {
             Err(TryLockError::Error(e)) => Err(e),
         }
     }
-}
-
-/// Joins a file name onto a directory.
-pub(crate) fn join(dir: &Path, name: &str) -> PathBuf {
-    dir.join(name)
 }

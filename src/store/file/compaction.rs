@@ -1,0 +1,277 @@
+//! Compaction: reclaims overwritten, deleted and truncated data (SPEC S7).
+//!
+//! A sealed segment (any but the one being appended to) can be deleted once no partition needs
+//! it: no live value lives in it and no chain since a partition's newest base passes through
+//! it. For every partition with a record in the victims, compaction copies the values that
+//! still live there to the journal's tail and writes a fresh base record; then it syncs, writes
+//! a heads snapshot past all of that, and only then deletes the victims. A crash between any
+//! two steps leaves extra data, never missing data. Writers of a partition wait only while that
+//! one partition is rewritten; readers never wait.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::Inner;
+use super::format::{self, FRAME_LEN, RecordKind, SEGMENT_HEADER_LEN, ValueLoc, loc_segment};
+use super::journal::segment_file_name;
+use super::partition::{self, PartState};
+use crate::error::{Error, Result};
+use crate::store::{Op, Partition};
+
+/// Values copied per rewrite record, so no record approaches the batch limit.
+const COPY_RECORD_BYTES: usize = 8 << 20;
+
+/// What one compaction did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CompactionReport {
+    /// Segment files deleted.
+    pub segments_removed: u32,
+    /// Segments kept because they hold damaged records or records of a corrupt partition.
+    pub segments_kept: u32,
+    /// Partitions whose live data was copied forward.
+    pub partitions_rewritten: u64,
+    /// Bytes of live values copied.
+    pub bytes_copied: u64,
+    /// Bytes of segment files deleted.
+    pub bytes_removed: u64,
+}
+
+/// Whether enough garbage has piled up to be worth a background compaction.
+pub(super) fn worth_compacting(inner: &Inner) -> bool {
+    if inner.compaction_running.load(Ordering::Acquire) {
+        return false;
+    }
+    let garbage = inner.garbage_bytes.load(Ordering::Relaxed);
+    if garbage < 2 * inner.config.segment_bytes {
+        return false;
+    }
+    let segments = inner.journal.live_segments().len() as u64;
+    if segments < 3 {
+        return false;
+    }
+    garbage * 2 > segments * inner.config.segment_bytes
+}
+
+/// Runs a compaction on the rayon pool unless one is already running.
+pub(super) fn spawn(inner: &Arc<Inner>) {
+    if inner.compaction_running.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let inner = inner.clone();
+    rayon::spawn(move || {
+        // A panic must not unwind out of a rayon task (it would abort the process).
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compact(&inner)));
+        match outcome {
+            Ok(Ok(report)) => log::info!("background compaction: {report:?}"),
+            Ok(Err(e)) => log::warn!("background compaction failed: {e}"),
+            Err(_) => log::error!("background compaction panicked; it will be retried later"),
+        }
+        inner.compaction_running.store(false, Ordering::Release);
+    });
+}
+
+pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
+    let _one_at_a_time = inner.compaction_lock.lock();
+    inner.journal.drop_retired();
+    let tail = inner.journal.tail_segment();
+    let victims: Vec<u32> = inner
+        .journal
+        .live_segments()
+        .into_iter()
+        .filter(|&n| n < tail)
+        .collect();
+    let mut report = CompactionReport::default();
+    if victims.is_empty() {
+        return Ok(report);
+    }
+    let victim_set: HashSet<u32> = victims.iter().copied().collect();
+    let mut keep: HashSet<u32> = HashSet::new();
+
+    let mut found: Vec<(u32, HashSet<Vec<u8>>)> = Vec::new();
+    for &number in &victims {
+        match partitions_in_segment(inner, number) {
+            Ok(names) => found.push((number, names)),
+            Err(e) => {
+                log::warn!("compaction keeps segment {number}: {e}");
+                keep.insert(number);
+            }
+        }
+    }
+    let mut names: Vec<&Vec<u8>> = found.iter().flat_map(|(_, names)| names).collect();
+    names.sort();
+    names.dedup();
+
+    for name in names {
+        let Ok(p) = Partition::new(name) else {
+            continue;
+        };
+        let Some(state) = inner.part(&p, false) else {
+            continue;
+        };
+        match rewrite_partition(inner, &state, &victim_set) {
+            Ok(copied) => {
+                report.partitions_rewritten += 1;
+                report.bytes_copied += copied;
+            }
+            Err(Error::Corrupt { .. }) => {
+                // Keep the evidence: the segments holding a corrupt partition's records stay.
+                for (number, names) in &found {
+                    if names.contains(name) {
+                        keep.insert(*number);
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+
+    // Everything copied must be durable, and the snapshot must point past it, before any
+    // victim disappears.
+    inner.journal.sync_all()?;
+    inner.write_snapshot()?;
+
+    let journal_dir = inner.config.dir.join(super::JOURNAL_DIR);
+    let vfs = &*inner.config.vfs;
+    for number in victims {
+        if keep.contains(&number) {
+            report.segments_kept += 1;
+            continue;
+        }
+        let path = journal_dir.join(segment_file_name(number));
+        let size = inner.journal.segment(number)?.file.len().unwrap_or(0);
+        vfs.remove(&path)
+            .map_err(|e| Error::io(format!("removing {}", path.display()), e))?;
+        inner.journal.retire_segment(number);
+        report.segments_removed += 1;
+        report.bytes_removed += size;
+    }
+    vfs.sync_dir(&journal_dir)
+        .map_err(|e| Error::io(format!("syncing {}", journal_dir.display()), e))?;
+    let reclaimed = report.bytes_removed.saturating_sub(report.bytes_copied);
+    let _ = inner
+        .garbage_bytes
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| {
+            Some(g.saturating_sub(reclaimed))
+        });
+    inner.compactions.fetch_add(1, Ordering::Relaxed);
+    log::debug!("compaction: {report:?}");
+    Ok(report)
+}
+
+/// The names of the partitions with a record in a segment. Fails on any damage.
+fn partitions_in_segment(inner: &Inner, number: u32) -> Result<HashSet<Vec<u8>>> {
+    let segment = inner.journal.segment(number)?;
+    let len = segment
+        .file
+        .len()
+        .map_err(|e| Error::io(format!("sizing segment {number}"), e))?;
+    let mut bytes = vec![0u8; len as usize];
+    segment
+        .file
+        .read_exact_at(&mut bytes, 0)
+        .map_err(|e| Error::io(format!("reading segment {number}"), e))?;
+    let mut names = HashSet::new();
+    let mut at = SEGMENT_HEADER_LEN as usize;
+    while at < bytes.len() {
+        let damaged = || {
+            Error::corrupt(
+                format!("journal segment {number}"),
+                format!("damaged record at offset {at}"),
+            )
+        };
+        let frame = bytes
+            .get(at..at + FRAME_LEN)
+            .and_then(|h| format::decode_frame(segment.seed, h))
+            .ok_or_else(damaged)?;
+        let body = bytes
+            .get(at + FRAME_LEN..at + FRAME_LEN + frame.body_len as usize)
+            .filter(|b| format::body_crc(b) == frame.body_crc)
+            .ok_or_else(damaged)?;
+        let (name, _) = format::decode_body_head(body).ok_or_else(damaged)?;
+        names.insert(name.to_vec());
+        at += FRAME_LEN + frame.body_len as usize;
+    }
+    Ok(names)
+}
+
+/// Copies a partition's values that live in `victims` to the tail and writes a base record, so
+/// nothing of the partition needs the victims any more. Returns the bytes copied.
+fn rewrite_partition(inner: &Inner, state: &PartState, victims: &HashSet<u32>) -> Result<u64> {
+    // Hold the partition's commit lock with no batch in flight, so the index is complete.
+    let mut commit = loop {
+        let mut commit = state.commit.lock();
+        inner.load_locked(state, &mut commit)?;
+        match commit.pending.back().map(|p| p.lsn) {
+            None => break commit,
+            Some(lsn) => {
+                drop(commit);
+                inner.journal.wait_durable(lsn)?;
+                inner.fold(state, &mut state.commit.lock());
+            }
+        }
+    };
+    let movers: Vec<Mover> = state
+        .view
+        .read()
+        .index
+        .iter()
+        .filter(|(_, v)| victims.contains(&loc_segment(v.at)))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    let mut copied = 0u64;
+    let mut moved: Vec<Mover> = Vec::with_capacity(movers.len());
+    let mut last_lsn = None;
+    for chunk in chunk_by_bytes(&movers) {
+        let mut ops = Vec::with_capacity(chunk.len());
+        for (k, v) in chunk {
+            ops.push(Op::Put(k.to_vec(), inner.read_value(state, v)?));
+        }
+        let (body, offsets) =
+            format::encode_batch_body(state.name.as_bytes(), partition::head_of(state), &ops);
+        let (lsn, at) = inner
+            .journal
+            .append(RecordKind::Batch, state.hash, &body, |_, at| {
+                state.head.store(at, Ordering::Release)
+            })?;
+        last_lsn = Some(lsn);
+        commit.chain_len += 1;
+        for ((k, v), offset) in chunk.iter().zip(offsets) {
+            copied += v.len as u64;
+            let at = at + FRAME_LEN as u64 + offset as u64;
+            moved.push((k.clone(), ValueLoc { at, ..*v }));
+        }
+    }
+    if let Some(lsn) = last_lsn {
+        inner.journal.wait_durable(lsn)?;
+    }
+    let mut view = state.view.write();
+    for (k, v) in moved {
+        view.index.insert(k, v);
+    }
+    let view = parking_lot::RwLockWriteGuard::downgrade(view);
+    inner.write_base(state, &mut commit, &view.index)?;
+    Ok(copied)
+}
+
+type Mover = (Box<[u8]>, ValueLoc);
+
+fn chunk_by_bytes(entries: &[Mover]) -> Vec<&[Mover]> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0usize;
+    for (i, (k, v)) in entries.iter().enumerate() {
+        let size = k.len() + v.len as usize;
+        if i > start && bytes + size > COPY_RECORD_BYTES {
+            chunks.push(&entries[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += size;
+    }
+    if start < entries.len() {
+        chunks.push(&entries[start..]);
+    }
+    chunks
+}

@@ -1,0 +1,493 @@
+//! [`FaultFs`]: an in-memory [`Vfs`] that models a disk which can crash and fail, for testing
+//! the file-backed store's recovery (SPEC S3, S4) against every crash point.
+
+mod model;
+mod rng;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use self::model::{Disk, FileId, FileWrite, normalize};
+use self::rng::Rng;
+use super::vfs::{OpenMode, PathKind, Vfs, VfsFile, VfsLock};
+
+/// What happens after the operation chosen by [`FaultFs::fail_at`] fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailMode {
+    /// Only that operation fails; later ones succeed (a transient error).
+    Once,
+    /// That operation fails, and so does every later write, sync, creation, rename and removal
+    /// (a disk that died). Reads keep working, as they would from the page cache.
+    DeadDisk,
+}
+
+/// A test tool: an in-memory file system that models a disk that can lose power, tear writes
+/// and fail operations on demand.
+///
+/// It keeps, for every file, the bytes readers see now, the bytes the last `sync_data` made
+/// durable, and the writes in between; for every directory, the entries readers see now and
+/// the entries the last `sync_dir` made durable. Directories themselves
+/// ([`Vfs::create_dir_all`]) are durable at once.
+///
+/// - [`FaultFs::crash`] builds the disk a power cut could leave: durable state plus a seeded
+///   part of what was not yet synced, with the next write possibly torn (cut short, or followed
+///   by garbage). [`FaultFs::crash_process`] builds the disk a killed process leaves, where the
+///   operating system keeps every write.
+/// - Every call through [`Vfs`] or [`VfsFile`] is one numbered operation ([`FaultFs::ops`]);
+///   [`FaultFs::fail_at`] makes one of them fail, [`FaultFs::fail_syncs`] makes every
+///   `sync_data` fail and lose the unsynced writes, as Linux does after a failed fsync.
+/// - [`Vfs::try_lock`] is exclusive per path within one `FaultFs` (and all its clones).
+///
+/// Cloning gives another handle to the same disk. Paths are plain keys: use absolute paths.
+///
+/// ```
+/// use std::path::Path;
+/// use portcullis::store::{FaultFs, OpenMode, Vfs};
+///
+/// let fs = FaultFs::new();
+/// fs.create_dir_all(Path::new("/db")).unwrap();
+/// let file = fs.open(Path::new("/db/log"), OpenMode::CreateNew).unwrap();
+/// fs.sync_dir(Path::new("/db")).unwrap();
+/// file.write_all_at(b"durable", 0).unwrap();
+/// file.sync_data().unwrap();
+/// file.write_all_at(b" and not", 7).unwrap();
+///
+/// // Whatever the seed, a power cut keeps the synced bytes; the rest may or may not survive.
+/// for seed in 0..20 {
+///     let image = fs.crash(seed);
+///     let bytes = image.read_file(Path::new("/db/log")).unwrap();
+///     assert!(bytes.starts_with(b"durable"));
+/// }
+/// // A killed process loses nothing that reached the operating system.
+/// let image = fs.crash_process();
+/// assert_eq!(image.read_file(Path::new("/db/log")).unwrap(), b"durable and not");
+/// ```
+#[derive(Clone, Default)]
+pub struct FaultFs {
+    shared: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    disk: Disk,
+    faults: Faults,
+    locks: BTreeSet<PathBuf>,
+}
+
+#[derive(Default)]
+struct Faults {
+    ops: u64,
+    fail_at: Option<(u64, FailMode)>,
+    dead: bool,
+    fail_syncs: bool,
+    read_only: bool,
+    injected: Option<String>,
+}
+
+/// What an operation does to the disk, which decides which faults apply to it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+    Sync,
+}
+
+impl FaultFs {
+    /// An empty disk holding only the root directory, with no faults planned.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn from_disk(disk: Disk) -> Self {
+        FaultFs {
+            shared: Arc::new(Mutex::new(State {
+                disk,
+                ..State::default()
+            })),
+        }
+    }
+
+    /// The disk a power cut at this instant could leave, chosen by `seed` (the same seed on the
+    /// same state gives the same image).
+    ///
+    /// Each directory keeps its durable entries plus a seeded number of the entry changes made
+    /// since its last sync, in order (none, all, or some). Each file keeps its durable bytes plus
+    /// a seeded number of its unsynced writes, in order, and the next write may be torn: a
+    /// prefix of its bytes, possibly followed by zeros or garbage. Files no entry names are gone.
+    /// The image has no locks, no faults planned, an operation count of zero, and everything in
+    /// it is durable.
+    pub fn crash(&self, seed: u64) -> FaultFs {
+        let mut rng = Rng::new(seed);
+        FaultFs::from_disk(self.shared.lock().disk.crash_image(&mut rng))
+    }
+
+    /// The disk a killed process leaves: every write reached the operating system, so all of
+    /// the current state survives (but no lock does).
+    pub fn crash_process(&self) -> FaultFs {
+        FaultFs::from_disk(self.shared.lock().disk.process_crash_image())
+    }
+
+    /// An independent copy of the disk as it is now: current, durable and unsynced state alike,
+    /// so crash images can still be taken from it after the original has moved on (a store
+    /// closing on drop, for example). Locks and planned faults are not copied.
+    pub fn fork(&self) -> FaultFs {
+        FaultFs::from_disk(self.shared.lock().disk.clone())
+    }
+
+    /// Makes the `k`-th operation (counting from 1, over every call through [`Vfs`] and
+    /// [`VfsFile`]) fail with an I/O error, then behave as `mode` says. A failed write changes
+    /// nothing; a failed `sync_data` loses that file's unsynced writes.
+    pub fn fail_at(&self, k: u64, mode: FailMode) {
+        self.shared.lock().faults.fail_at = Some((k, mode));
+    }
+
+    /// Makes every `sync_data` from now on fail. Like Linux after a failed fsync, the writes it
+    /// should have made durable are dropped from the durable state for good (readers still see
+    /// them), so a later successful sync would not save them either.
+    pub fn fail_syncs(&self) {
+        self.shared.lock().faults.fail_syncs = true;
+    }
+
+    /// Makes every operation that changes the disk fail with `ReadOnlyFilesystem` (as a
+    /// read-only mount does), or stops doing so.
+    pub fn set_read_only(&self, read_only: bool) {
+        self.shared.lock().faults.read_only = read_only;
+    }
+
+    /// Cancels every planned fault and revives a dead disk. The operation count continues.
+    pub fn clear_faults(&self) {
+        let mut state = self.shared.lock();
+        let ops = state.faults.ops;
+        state.faults = Faults {
+            ops,
+            ..Faults::default()
+        };
+    }
+
+    /// How many operations have run so far (including failed ones).
+    pub fn ops(&self) -> u64 {
+        self.shared.lock().faults.ops
+    }
+
+    /// A description of the operation [`FaultFs::fail_at`] made fail, once it has.
+    pub fn injected(&self) -> Option<String> {
+        self.shared.lock().faults.injected.clone()
+    }
+
+    /// Whether any write or directory change awaits a sync.
+    pub fn has_unsynced(&self) -> bool {
+        !self.unsynced().is_empty()
+    }
+
+    /// What awaits a sync, described: "entries of <dir>" for a directory whose entry changes
+    /// are not yet synced, "writes to <file>" for a file with unsynced writes.
+    pub fn unsynced(&self) -> Vec<String> {
+        self.shared.lock().disk.unsynced()
+    }
+
+    /// The bytes a file holds now (what readers see), without counting an operation.
+    pub fn read_file(&self, path: &Path) -> Option<Vec<u8>> {
+        let state = self.shared.lock();
+        let id = state.disk.lookup(path).ok()??;
+        Some(state.disk.file(id).current.clone())
+    }
+
+    /// Replaces a file's bytes, durably, creating the file if needed, without counting an
+    /// operation. For tests that damage files on purpose; the directory must exist.
+    pub fn write_file(&self, path: &Path, bytes: Vec<u8>) -> io::Result<()> {
+        self.shared.lock().disk.replace(path, bytes)
+    }
+}
+
+/// Counts one operation and decides whether it fails.
+fn begin(state: &mut State, access: Access, what: impl FnOnce() -> String) -> io::Result<()> {
+    let faults = &mut state.faults;
+    faults.ops += 1;
+    let n = faults.ops;
+    if let Some((k, mode)) = faults.fail_at
+        && k == n
+    {
+        let what = what();
+        faults.dead |= mode == FailMode::DeadDisk;
+        let err = io::Error::other(format!("injected fault at operation {n}: {what}"));
+        faults.injected = Some(what);
+        return Err(err);
+    }
+    if access != Access::Read {
+        if faults.read_only {
+            return Err(io::Error::new(
+                io::ErrorKind::ReadOnlyFilesystem,
+                format!("read-only file system: {}", what()),
+            ));
+        }
+        if faults.dead {
+            return Err(io::Error::other(format!(
+                "injected: the disk is dead: {}",
+                what()
+            )));
+        }
+    }
+    if access == Access::Sync && faults.fail_syncs {
+        return Err(io::Error::other(format!(
+            "injected sync failure: {}",
+            what()
+        )));
+    }
+    Ok(())
+}
+
+impl fmt::Debug for FaultFs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.shared.lock();
+        f.debug_struct("FaultFs")
+            .field("ops", &state.faults.ops)
+            .field("fail_at", &state.faults.fail_at)
+            .field("dead", &state.faults.dead)
+            .field("fail_syncs", &state.faults.fail_syncs)
+            .finish_non_exhaustive()
+    }
+}
+
+fn show(path: &Path) -> String {
+    path.display().to_string()
+}
+
+impl Vfs for FaultFs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
+        let mut state = self.shared.lock();
+        let access = match mode {
+            OpenMode::Read | OpenMode::ReadWrite => Access::Read,
+            OpenMode::CreateNew | OpenMode::CreateTruncate => Access::Write,
+        };
+        begin(&mut state, access, || {
+            format!("open {mode:?} {}", show(path))
+        })?;
+        if state.disk.is_dir(path) {
+            return Err(io::Error::new(
+                io::ErrorKind::IsADirectory,
+                format!("{} is a directory", show(path)),
+            ));
+        }
+        let existing = state.disk.lookup(path)?;
+        let id = match (mode, existing) {
+            (OpenMode::Read | OpenMode::ReadWrite, Some(id)) => id,
+            (OpenMode::Read | OpenMode::ReadWrite, None) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{} does not exist", show(path)),
+                ));
+            }
+            (OpenMode::CreateNew, Some(_)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} already exists", show(path)),
+                ));
+            }
+            (OpenMode::CreateNew | OpenMode::CreateTruncate, None) => state.disk.create(path)?,
+            (OpenMode::CreateTruncate, Some(id)) => {
+                state.disk.file_mut(id).write(FileWrite::SetLen(0));
+                id
+            }
+        };
+        Ok(Arc::new(FaultFile {
+            fs: self.clone(),
+            id,
+            path: normalize(path),
+            writable: mode != OpenMode::Read,
+        }))
+    }
+
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.shared.lock();
+        begin(&mut state, Access::Write, || {
+            format!("create_dir_all {}", show(path))
+        })?;
+        state.disk.create_dir_all(path)
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut state = self.shared.lock();
+        begin(&mut state, Access::Read, || format!("list {}", show(dir)))?;
+        state.disk.list(dir)
+    }
+
+    fn kind(&self, path: &Path) -> io::Result<Option<PathKind>> {
+        let mut state = self.shared.lock();
+        begin(&mut state, Access::Read, || format!("kind {}", show(path)))?;
+        if state.disk.is_dir(path) {
+            return Ok(Some(PathKind::Dir));
+        }
+        // A missing parent directory means the path does not exist either.
+        Ok(match state.disk.lookup(path) {
+            Ok(Some(_)) => Some(PathKind::File),
+            Ok(None) => None,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        })
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.shared.lock();
+        begin(&mut state, Access::Write, || {
+            format!("remove {}", show(path))
+        })?;
+        state.disk.remove(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut state = self.shared.lock();
+        begin(&mut state, Access::Write, || {
+            format!("rename {} -> {}", show(from), show(to))
+        })?;
+        state.disk.rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut state = self.shared.lock();
+        begin(&mut state, Access::Sync, || {
+            format!("sync_dir {}", show(dir))
+        })?;
+        state.disk.sync_dir(dir)
+    }
+
+    fn try_lock(&self, path: &Path) -> io::Result<Box<dyn VfsLock>> {
+        let mut state = self.shared.lock();
+        let path = normalize(path);
+        // Like the OS layer, the lock file is created if missing (its entry unsynced), which
+        // makes the call a write.
+        let exists = matches!(state.disk.lookup(&path), Ok(Some(_)));
+        let access = if exists { Access::Read } else { Access::Write };
+        begin(&mut state, access, || format!("try_lock {}", show(&path)))?;
+        if !exists {
+            state.disk.create(&path)?;
+        }
+        if !state.locks.insert(path.clone()) {
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!("{} is locked", show(&path)),
+            ));
+        }
+        Ok(Box::new(FaultLock {
+            fs: self.clone(),
+            path,
+        }))
+    }
+}
+
+/// An open file of a [`FaultFs`]: names the file's contents, not its path, so a removed or
+/// renamed file stays readable through handles opened before.
+struct FaultFile {
+    fs: FaultFs,
+    id: FileId,
+    path: PathBuf,
+    writable: bool,
+}
+
+impl fmt::Debug for FaultFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultFile")
+            .field("path", &self.path)
+            .field("writable", &self.writable)
+            .finish()
+    }
+}
+
+impl FaultFile {
+    fn check_writable(&self) -> io::Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} was opened read-only", show(&self.path)),
+            ))
+        }
+    }
+}
+
+impl VfsFile for FaultFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let mut state = self.fs.shared.lock();
+        begin(&mut state, Access::Read, || {
+            format!("read_at {}", show(&self.path))
+        })?;
+        let data = &state.disk.file(self.id).current;
+        let start = (offset as usize).min(data.len());
+        let n = buf.len().min(data.len() - start);
+        buf[..n].copy_from_slice(&data[start..start + n]);
+        Ok(n)
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        let mut state = self.fs.shared.lock();
+        begin(&mut state, Access::Write, || {
+            format!("write_all_at {}", show(&self.path))
+        })?;
+        self.check_writable()?;
+        state.disk.file_mut(self.id).write(FileWrite::Data {
+            offset,
+            bytes: buf.to_vec(),
+        });
+        Ok(())
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        let mut state = self.fs.shared.lock();
+        let outcome = begin(&mut state, Access::Sync, || {
+            format!("sync_data {}", show(&self.path))
+        });
+        let file = state.disk.file_mut(self.id);
+        match outcome {
+            Ok(()) => file.sync(),
+            Err(_) => file.lose_unsynced(),
+        }
+        outcome
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        let mut state = self.fs.shared.lock();
+        begin(&mut state, Access::Read, || {
+            format!("len {}", show(&self.path))
+        })?;
+        Ok(state.disk.file(self.id).current.len() as u64)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut state = self.fs.shared.lock();
+        begin(&mut state, Access::Write, || {
+            format!("set_len {}", show(&self.path))
+        })?;
+        self.check_writable()?;
+        state.disk.file_mut(self.id).write(FileWrite::SetLen(len));
+        Ok(())
+    }
+}
+
+/// A held lock of a [`FaultFs`]; dropping it frees the path.
+struct FaultLock {
+    fs: FaultFs,
+    path: PathBuf,
+}
+
+impl fmt::Debug for FaultLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultLock")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl VfsLock for FaultLock {}
+
+impl Drop for FaultLock {
+    fn drop(&mut self) {
+        self.fs.shared.lock().locks.remove(&self.path);
+    }
+}

@@ -1,0 +1,473 @@
+//! The shared journal: appends framed records to segment files and makes them durable with
+//! group commit (SPEC S3).
+//!
+//! Appenders copy their framed record into an in-memory queue under a short mutex and get an
+//! LSN and a location back. Whoever then waits for durability and finds no sync running becomes
+//! the leader: it takes the whole queue, releases the mutex, writes and syncs it, and publishes
+//! the durable watermark to every waiter at once. Appends never wait for a sync; a sync never
+//! runs under the append mutex. A failed write or sync is latched: every later commit is
+//! refused with `SyncFailed` until the store is reopened (the kernel may have dropped the dirty
+//! pages, so a retry that "succeeds" could still have lost data).
+
+use std::collections::BTreeMap;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+
+use super::format::{
+    self, FRAME_LEN, Frame, Loc, RecordKind, SEGMENT_HEADER_LEN, ValueLoc, loc, loc_offset,
+    loc_segment,
+};
+use super::vfs::{OpenMode, Vfs, VfsFile};
+use crate::error::{Error, Result};
+
+/// How commits reach stable storage. The names of the weaker policies say what they risk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SyncPolicy {
+    /// `apply` returns `Committed` only once the batch is synced (the default; SPEC S3).
+    /// Concurrent committers share syncs.
+    #[default]
+    SyncEveryCommit,
+    /// Commits are written at once and synced by a background timer every `interval_ms`;
+    /// a crash may lose up to that much acknowledged work (never a partial batch).
+    PeriodicMayLoseRecent {
+        /// Milliseconds between background syncs.
+        interval_ms: u64,
+    },
+    /// Commits are written but never synced except at close and snapshots; a machine crash
+    /// may lose any acknowledged work since (never a partial batch). For tests and caches.
+    NeverSyncMayLoseRecent,
+}
+
+/// An open segment file and the salt its checksums are seeded with.
+#[derive(Clone, Debug)]
+pub struct Segment {
+    pub file: Arc<dyn VfsFile>,
+    pub seed: u32,
+}
+
+enum Chunk {
+    NewSegment {
+        number: u32,
+        salt: u64,
+    },
+    Bytes {
+        segment: u32,
+        offset: u64,
+        bytes: Vec<u8>,
+    },
+}
+
+struct State {
+    next_lsn: u64,
+    tail_segment: u32,
+    tail_seed: u32,
+    tail_offset: u64,
+    queue: Vec<Chunk>,
+    /// Newest LSN written to its segment file (visible to reads, maybe not durable).
+    written_lsn: u64,
+    /// Newest LSN known durable.
+    synced_lsn: u64,
+    /// Segments written since their last sync.
+    dirty: Vec<u32>,
+    leader_active: bool,
+    failed: Option<String>,
+}
+
+/// Counters of the journal.
+#[derive(Debug, Default)]
+pub struct JournalCounters {
+    pub syncs: AtomicU64,
+    pub bytes_appended: AtomicU64,
+    pub records: AtomicU64,
+}
+
+pub struct Journal {
+    dir: PathBuf,
+    vfs: Arc<dyn Vfs>,
+    policy: SyncPolicy,
+    segment_bytes: u64,
+    state: Mutex<State>,
+    durable: Condvar,
+    segments: RwLock<BTreeMap<u32, Segment>>,
+    /// Segments compaction deleted; kept open until the next compaction so a reader that took
+    /// a location just before the deletion can still finish its read.
+    retired: Mutex<Vec<(u32, Segment)>>,
+    pub counters: JournalCounters,
+}
+
+/// Where recovery left the journal.
+pub struct JournalTail {
+    pub segments: BTreeMap<u32, Segment>,
+    pub tail_segment: u32,
+    pub tail_seed: u32,
+    pub tail_offset: u64,
+    pub next_lsn: u64,
+}
+
+pub fn segment_file_name(number: u32) -> String {
+    format!("{number:010}.seg")
+}
+
+pub fn parse_segment_file_name(name: &str) -> Option<u32> {
+    let digits = name.strip_suffix(".seg")?;
+    if digits.len() != 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// A fresh random salt for a new segment.
+pub fn new_salt() -> u64 {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    h.finish() | 1
+}
+
+/// Creates a segment file with its header, synced, and its directory entry synced.
+pub fn create_segment(vfs: &dyn Vfs, dir: &Path, number: u32, salt: u64) -> Result<Segment> {
+    let path = dir.join(segment_file_name(number));
+    let file = vfs
+        .open(&path, OpenMode::CreateNew)
+        .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+    let header = format::encode_segment_header(number, salt);
+    file.write_all_at(&header, 0)
+        .and_then(|()| file.sync_data())
+        .and_then(|()| vfs.sync_dir(dir))
+        .map_err(|e| Error::io(format!("initialising {}", path.display()), e))?;
+    Ok(Segment {
+        file,
+        seed: format::salt_seed(salt),
+    })
+}
+
+impl Journal {
+    pub fn new(
+        dir: PathBuf,
+        vfs: Arc<dyn Vfs>,
+        policy: SyncPolicy,
+        segment_bytes: u64,
+        tail: JournalTail,
+    ) -> Self {
+        let next_lsn = tail.next_lsn;
+        Journal {
+            dir,
+            vfs,
+            policy,
+            segment_bytes,
+            state: Mutex::new(State {
+                next_lsn,
+                tail_segment: tail.tail_segment,
+                tail_seed: tail.tail_seed,
+                tail_offset: tail.tail_offset,
+                queue: Vec::new(),
+                written_lsn: next_lsn - 1,
+                synced_lsn: next_lsn - 1,
+                dirty: Vec::new(),
+                leader_active: false,
+                failed: None,
+            }),
+            durable: Condvar::new(),
+            segments: RwLock::new(tail.segments),
+            retired: Mutex::new(Vec::new()),
+            counters: JournalCounters::default(),
+        }
+    }
+
+    /// Frames and queues one record; returns its LSN and location. `on_placed` runs under the
+    /// append mutex, so anything it publishes is consistent with journal order (the heads
+    /// snapshot relies on this).
+    pub fn append(
+        &self,
+        kind: RecordKind,
+        partition_hash: u64,
+        body: &[u8],
+        on_placed: impl FnOnce(u64, Loc),
+    ) -> Result<(u64, Loc)> {
+        let body_crc = format::body_crc(body);
+        let record_len = (FRAME_LEN + body.len()) as u64;
+        let mut st = self.state.lock();
+        if let Some(reason) = &st.failed {
+            return Err(Error::SyncFailed(reason.clone()));
+        }
+        if st.tail_offset + record_len > self.segment_bytes && st.tail_offset > SEGMENT_HEADER_LEN {
+            st.tail_segment += 1;
+            let salt = new_salt();
+            st.tail_seed = format::salt_seed(salt);
+            st.tail_offset = SEGMENT_HEADER_LEN;
+            let number = st.tail_segment;
+            st.queue.push(Chunk::NewSegment { number, salt });
+        }
+        let lsn = st.next_lsn;
+        st.next_lsn += 1;
+        let frame = Frame {
+            body_len: body.len() as u32,
+            kind,
+            lsn,
+            partition_hash,
+            synced_lsn: st.synced_lsn,
+            body_crc,
+        };
+        let header = format::encode_frame(st.tail_seed, &frame);
+        let (segment, offset) = (st.tail_segment, st.tail_offset);
+        st.tail_offset += record_len;
+        match st.queue.last_mut() {
+            Some(Chunk::Bytes {
+                segment: s,
+                offset: o,
+                bytes,
+            }) if *s == segment && *o + bytes.len() as u64 == offset => {
+                bytes.extend_from_slice(&header);
+                bytes.extend_from_slice(body);
+            }
+            _ => {
+                let mut bytes = Vec::with_capacity(record_len as usize);
+                bytes.extend_from_slice(&header);
+                bytes.extend_from_slice(body);
+                st.queue.push(Chunk::Bytes {
+                    segment,
+                    offset,
+                    bytes,
+                });
+            }
+        }
+        let at = loc(segment, offset);
+        on_placed(lsn, at);
+        self.counters
+            .bytes_appended
+            .fetch_add(record_len, Ordering::Relaxed);
+        self.counters.records.fetch_add(1, Ordering::Relaxed);
+        Ok((lsn, at))
+    }
+
+    /// Waits until `lsn` is durable under the sync policy (for the weaker policies: written).
+    pub fn wait_durable(&self, lsn: u64) -> Result<()> {
+        self.wait_for(lsn, self.policy == SyncPolicy::SyncEveryCommit)
+    }
+
+    /// Writes and syncs everything appended so far, whatever the policy; returns the LSN
+    /// that is now durable.
+    pub fn sync_all(&self) -> Result<u64> {
+        let target = self.state.lock().next_lsn - 1;
+        self.wait_for(target, true)?;
+        Ok(target)
+    }
+
+    fn wait_for(&self, lsn: u64, synced: bool) -> Result<()> {
+        let mut st = self.state.lock();
+        loop {
+            if let Some(reason) = &st.failed {
+                return Err(Error::SyncFailed(reason.clone()));
+            }
+            let reached = if synced {
+                st.synced_lsn
+            } else {
+                st.written_lsn
+            };
+            if reached >= lsn {
+                return Ok(());
+            }
+            if st.leader_active {
+                self.durable.wait(&mut st);
+                continue;
+            }
+            self.lead(&mut st, synced);
+        }
+    }
+
+    /// Becomes the leader: writes (and, if asked, syncs) the whole queue outside the mutex, so
+    /// appenders keep queueing while the device works.
+    fn lead(&self, st: &mut MutexGuard<'_, State>, sync: bool) {
+        st.leader_active = true;
+        let queue = std::mem::take(&mut st.queue);
+        // Only the leader touches `dirty`, so it can be taken and handed back.
+        let dirty = std::mem::take(&mut st.dirty);
+        let target = st.next_lsn - 1;
+        let result = MutexGuard::unlocked(st, || self.write_queue(queue, dirty, sync));
+        st.leader_active = false;
+        match result {
+            Ok(still_dirty) => {
+                st.written_lsn = target;
+                if sync {
+                    st.synced_lsn = target;
+                }
+                st.dirty = still_dirty;
+            }
+            Err(e) => {
+                log::error!("journal write or sync failed; refusing writes until reopened: {e}");
+                st.failed = Some(e.to_string());
+            }
+        }
+        self.durable.notify_all();
+    }
+
+    /// Writes the queued chunks in order. Before a new segment starts, every segment written
+    /// but not yet synced is synced, whatever the policy, so a sealed segment is always whole on
+    /// disk. With `sync`, everything is synced at the end. Returns the segments left unsynced.
+    fn write_queue(&self, queue: Vec<Chunk>, mut dirty: Vec<u32>, sync: bool) -> Result<Vec<u32>> {
+        for chunk in queue {
+            match chunk {
+                Chunk::NewSegment { number, salt } => {
+                    for n in dirty.drain(..) {
+                        self.sync_segment(n)?;
+                    }
+                    let segment = create_segment(&*self.vfs, &self.dir, number, salt)?;
+                    self.segments.write().insert(number, segment);
+                }
+                Chunk::Bytes {
+                    segment,
+                    offset,
+                    bytes,
+                } => {
+                    let file = self.segment(segment)?.file;
+                    file.write_all_at(&bytes, offset)
+                        .map_err(|e| Error::io(format!("writing journal segment {segment}"), e))?;
+                    if !dirty.contains(&segment) {
+                        dirty.push(segment);
+                    }
+                }
+            }
+        }
+        if sync {
+            for n in dirty.drain(..) {
+                self.sync_segment(n)?;
+            }
+        }
+        Ok(dirty)
+    }
+
+    fn sync_segment(&self, number: u32) -> Result<()> {
+        let file = self.segment(number)?.file;
+        file.sync_data()
+            .map_err(|e| Error::io(format!("syncing journal segment {number}"), e))?;
+        self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn segment(&self, number: u32) -> Result<Segment> {
+        if let Some(s) = self.segments.read().get(&number) {
+            return Ok(s.clone());
+        }
+        let retired = self.retired.lock();
+        retired
+            .iter()
+            .find(|(n, _)| *n == number)
+            .map(|(_, s)| s.clone())
+            .ok_or_else(|| {
+                Error::corrupt(
+                    format!("journal segment {number}"),
+                    "the segment file is missing",
+                )
+            })
+    }
+
+    /// Reads `buf.len()` bytes at a location.
+    pub fn read_at(&self, at: Loc, buf: &mut [u8]) -> Result<()> {
+        let segment = loc_segment(at);
+        self.segment(segment)?
+            .file
+            .read_exact_at(buf, loc_offset(at))
+            .map_err(|e| Error::io(format!("reading journal segment {segment}"), e))
+    }
+
+    /// Reads a value and verifies its checksum.
+    pub fn read_value(&self, v: &ValueLoc, partition: &dyn std::fmt::Display) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; v.len as usize];
+        self.read_at(v.at, &mut buf)?;
+        if crc32c::crc32c(&buf) != v.crc {
+            return Err(Error::corrupt(
+                format!("partition {partition}"),
+                format!(
+                    "value at segment {} offset {} failed its checksum",
+                    loc_segment(v.at),
+                    loc_offset(v.at)
+                ),
+            ));
+        }
+        Ok(buf)
+    }
+
+    /// Reads and verifies the record at `at`; returns its frame and body.
+    pub fn read_record(&self, at: Loc) -> Result<(Frame, Vec<u8>)> {
+        let segment = self.segment(loc_segment(at))?;
+        let damaged = |detail: &str| {
+            Error::corrupt(
+                format!(
+                    "journal segment {} offset {}",
+                    loc_segment(at),
+                    loc_offset(at)
+                ),
+                detail.to_owned(),
+            )
+        };
+        let mut header = [0u8; FRAME_LEN];
+        segment
+            .file
+            .read_exact_at(&mut header, loc_offset(at))
+            .map_err(|_| damaged("record header unreadable"))?;
+        let frame = format::decode_frame(segment.seed, &header)
+            .ok_or_else(|| damaged("record header failed its checksum"))?;
+        let mut body = vec![0u8; frame.body_len as usize];
+        segment
+            .file
+            .read_exact_at(&mut body, loc_offset(at) + FRAME_LEN as u64)
+            .map_err(|_| damaged("record body unreadable"))?;
+        if format::body_crc(&body) != frame.body_crc {
+            return Err(damaged("record body failed its checksum"));
+        }
+        Ok((frame, body))
+    }
+
+    /// The segment appends currently go to.
+    pub fn tail_segment(&self) -> u32 {
+        self.state.lock().tail_segment
+    }
+
+    /// Runs `f` under the append mutex: nothing is appended meanwhile. Returns the position
+    /// (segment, offset, next LSN) that `f` saw.
+    pub fn with_appends_paused<T>(&self, f: impl FnOnce() -> T) -> (u32, u64, u64, T) {
+        let st = self.state.lock();
+        let out = f();
+        (st.tail_segment, st.tail_offset, st.next_lsn, out)
+    }
+
+    pub fn live_segments(&self) -> Vec<u32> {
+        self.segments.read().keys().copied().collect()
+    }
+
+    /// Moves a deleted segment out of the live set, keeping its handle for late readers.
+    pub fn retire_segment(&self, number: u32) {
+        if let Some(s) = self.segments.write().remove(&number) {
+            self.retired.lock().push((number, s));
+        }
+    }
+
+    /// Closes the handles of segments retired by the previous compaction.
+    pub fn drop_retired(&self) {
+        self.retired.lock().clear();
+    }
+
+    pub fn failed(&self) -> Option<String> {
+        self.state.lock().failed.clone()
+    }
+
+    /// The newest LSN readers may see: durable under `SyncEveryCommit`, written otherwise.
+    pub fn visible_lsn(&self) -> u64 {
+        let st = self.state.lock();
+        if self.policy == SyncPolicy::SyncEveryCommit {
+            st.synced_lsn
+        } else {
+            st.written_lsn
+        }
+    }
+}

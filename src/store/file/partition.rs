@@ -1,0 +1,250 @@
+//! One partition's in-memory state: its key index (keys to value locations, never values;
+//! SPEC S8), the batches committed but not yet durable, and how it is loaded from its chain.
+//!
+//! Lock order inside a partition: `commit` (serialises writers) before `view` (what readers
+//! see). Readers take only `view`. Never hold either while waiting for another partition.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+use super::format::{
+    self, Content, FRAME_LEN, JournalOp, Loc, RecordKind, ValueLoc, loc_offset, loc_segment,
+};
+use super::journal::Journal;
+use crate::error::{Error, Result};
+use crate::store::{KeyRange, Partition};
+
+pub type Index = BTreeMap<Box<[u8]>, ValueLoc>;
+
+/// A partition that has been touched since open.
+pub struct PartState {
+    pub name: Partition,
+    pub hash: u64,
+    /// Location of the newest record of this partition's chain, durable or not. Written under
+    /// the journal's append mutex so a heads snapshot sees it consistent with journal order.
+    pub head: AtomicU64,
+    /// LSN of the newest batch appended for this partition.
+    pub appended_lsn: AtomicU64,
+    /// LSN of the newest batch folded into the readers' view.
+    pub folded_lsn: AtomicU64,
+    pub commit: Mutex<CommitState>,
+    pub view: RwLock<View>,
+}
+
+pub struct CommitState {
+    pub load: Load,
+    /// Committed-but-not-yet-durable batches, oldest first. Writers check preconditions against
+    /// these (so a hot partition commits at group-commit speed); readers never see them.
+    pub pending: VecDeque<Pending>,
+    /// Records in the chain since (and including) the newest base record.
+    pub chain_len: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Load {
+    NotLoaded,
+    Loaded,
+    /// The partition cannot be loaded; every access answers this (SPEC S4).
+    Corrupt(String),
+}
+
+/// What readers see: only durable batches.
+#[derive(Default)]
+pub struct View {
+    pub loaded: bool,
+    pub index: Index,
+}
+
+pub struct Pending {
+    pub lsn: u64,
+    pub ops: Vec<PendingOp>,
+}
+
+pub enum PendingOp {
+    Put(Box<[u8]>, ValueLoc, Vec<u8>),
+    Delete(Vec<u8>),
+    DeleteRange(KeyRange),
+}
+
+/// What a precondition check learns about a key.
+pub enum Lookup {
+    /// Decided by a pending batch: the value, or absent.
+    Pending(Option<Vec<u8>>),
+    /// Decided by the durable index.
+    Durable(Option<ValueLoc>),
+}
+
+impl PartState {
+    pub fn new(name: Partition, head: Loc) -> Self {
+        let hash = format::partition_hash(name.as_bytes());
+        PartState {
+            name,
+            hash,
+            head: AtomicU64::new(head),
+            appended_lsn: AtomicU64::new(0),
+            folded_lsn: AtomicU64::new(0),
+            commit: Mutex::new(CommitState {
+                load: Load::NotLoaded,
+                pending: VecDeque::new(),
+                chain_len: 0,
+            }),
+            view: RwLock::new(View::default()),
+        }
+    }
+
+    pub fn corrupt_error(&self, detail: &str) -> Error {
+        Error::corrupt(format!("partition {}", self.name), detail.to_owned())
+    }
+}
+
+impl CommitState {
+    /// The newest committed state of `key`, pending batches first (newest to oldest).
+    pub fn lookup(&self, view: &View, key: &[u8]) -> Lookup {
+        for pending in self.pending.iter().rev() {
+            for op in pending.ops.iter().rev() {
+                match op {
+                    PendingOp::Put(k, _, v) if &**k == key => {
+                        return Lookup::Pending(Some(v.clone()));
+                    }
+                    PendingOp::Delete(k) if k.as_slice() == key => return Lookup::Pending(None),
+                    PendingOp::DeleteRange(r) if r.contains(key) => return Lookup::Pending(None),
+                    _ => {}
+                }
+            }
+        }
+        Lookup::Durable(view.index.get(key).copied())
+    }
+}
+
+/// Applies one batch's effect to an index; returns the bytes of values it made unreachable.
+pub fn apply_to_index(index: &mut Index, ops: impl IntoIterator<Item = IndexOp>) -> u64 {
+    let mut freed = 0u64;
+    for op in ops {
+        match op {
+            IndexOp::Put(k, v) => {
+                if let Some(old) = index.insert(k, v) {
+                    freed += old.len as u64;
+                }
+            }
+            IndexOp::Delete(k) => {
+                if let Some(old) = index.remove(&*k) {
+                    freed += old.len as u64 + k.len() as u64;
+                }
+            }
+            IndexOp::DeleteRange(r) => {
+                if r.is_empty() {
+                    continue;
+                }
+                let doomed: Vec<Box<[u8]>> = index
+                    .range::<[u8], _>(r.as_bounds())
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in doomed {
+                    if let Some(old) = index.remove(&k) {
+                        freed += old.len as u64 + k.len() as u64;
+                    }
+                }
+            }
+        }
+    }
+    freed
+}
+
+pub enum IndexOp {
+    Put(Box<[u8]>, ValueLoc),
+    Delete(Box<[u8]>),
+    DeleteRange(KeyRange),
+}
+
+impl From<PendingOp> for IndexOp {
+    fn from(op: PendingOp) -> Self {
+        match op {
+            PendingOp::Put(k, v, _) => IndexOp::Put(k, v),
+            PendingOp::Delete(k) => IndexOp::Delete(k.into_boxed_slice()),
+            PendingOp::DeleteRange(r) => IndexOp::DeleteRange(r),
+        }
+    }
+}
+
+/// Converts a journaled batch at `record` into index operations.
+pub fn journal_ops_to_index(record: Loc, body: &[u8], ops: Vec<JournalOp>) -> Vec<IndexOp> {
+    let body_at = record + FRAME_LEN as u64;
+    ops.into_iter()
+        .map(|op| match op {
+            JournalOp::Put(k, offset, len) => {
+                let value = &body[offset as usize..offset as usize + len as usize];
+                IndexOp::Put(
+                    k.into_boxed_slice(),
+                    ValueLoc {
+                        at: body_at + offset as u64,
+                        len,
+                        crc: crc32c::crc32c(value),
+                    },
+                )
+            }
+            JournalOp::Delete(k) => IndexOp::Delete(k.into_boxed_slice()),
+            JournalOp::DeleteRange(r) => IndexOp::DeleteRange(r),
+        })
+        .collect()
+}
+
+/// Builds a partition's index by walking its chain back from `head` to the newest base record
+/// (or the chain's start), then applying forward. Reads only this partition's recent records:
+/// the walk is bounded by the base interval, not by history (SPEC S5, S8).
+///
+/// Returns the index and the chain length since the base.
+pub fn load_index(journal: &Journal, state: &PartState, head: Loc) -> Result<(Index, u32)> {
+    let mut chain: Vec<(Loc, Vec<u8>, format::Body)> = Vec::new();
+    let mut at = head;
+    while at != 0 {
+        let (frame, body) = journal.read_record(at).map_err(|e| match e {
+            Error::Corrupt { detail, what } => state.corrupt_error(&format!("{what}: {detail}")),
+            other => other,
+        })?;
+        if frame.partition_hash != state.hash {
+            return Err(state.corrupt_error(&format!(
+                "chain link at segment {} offset {} belongs to another partition",
+                loc_segment(at),
+                loc_offset(at)
+            )));
+        }
+        let decoded = format::decode_body(frame.kind, &body)
+            .map_err(|_| state.corrupt_error("a record in its chain is malformed"))?;
+        if decoded.partition != state.name.as_bytes() {
+            return Err(state.corrupt_error("a record in its chain names another partition"));
+        }
+        // Chains only point backwards; anything else is damage, and would loop.
+        if frame.kind == RecordKind::Batch && decoded.prev >= at {
+            return Err(state.corrupt_error("a chain link points forwards"));
+        }
+        let prev = decoded.prev;
+        let is_base = frame.kind == RecordKind::Base;
+        chain.push((at, body, decoded));
+        if is_base {
+            break;
+        }
+        at = prev;
+    }
+    let chain_len = chain.len() as u32;
+    let mut index = Index::new();
+    for (record, body, decoded) in chain.into_iter().rev() {
+        match decoded.content {
+            Content::Base(entries) => {
+                index = entries
+                    .into_iter()
+                    .map(|(k, v)| (k.into_boxed_slice(), v))
+                    .collect();
+            }
+            Content::Batch(ops) => {
+                apply_to_index(&mut index, journal_ops_to_index(record, &body, ops));
+            }
+        }
+    }
+    Ok((index, chain_len))
+}
+
+pub fn head_of(state: &PartState) -> Loc {
+    state.head.load(Ordering::Acquire)
+}

@@ -1,0 +1,72 @@
+//! Reads the on-disk layout that docs/DESIGN.md documents (segment header, record frames,
+//! whole-file envelopes), so corruption tests can damage exactly the bytes they mean to. Every
+//! walk checks itself against the file, so a format change fails these tests loudly instead of
+//! letting them damage the wrong bytes.
+
+/// Bytes of a segment header: magic (8), version (4), number (4), salt (8), crc (4), padding.
+pub const SEGMENT_HEADER_LEN: usize = 32;
+/// Bytes of a record frame before its body.
+pub const FRAME_LEN: usize = 37;
+/// Where the format version sits in a segment header and in a whole-file envelope.
+pub const VERSION_AT: usize = 8;
+
+/// One record of a segment, as the frame describes it.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordAt {
+    /// Offset of the frame in the segment.
+    pub offset: usize,
+    /// Bytes of body after the frame.
+    pub body_len: usize,
+    /// 1 = batch, 2 = base.
+    pub kind: u8,
+    /// FNV-1a of the partition name.
+    pub partition_hash: u64,
+}
+
+/// Every record of a segment's bytes, in order; panics unless they tile the file exactly.
+pub fn records(segment: &[u8]) -> Vec<RecordAt> {
+    let mut at = SEGMENT_HEADER_LEN;
+    let mut found = Vec::new();
+    while at < segment.len() {
+        let frame = &segment[at..at + FRAME_LEN];
+        let body_len = u32::from_le_bytes(frame[4..8].try_into().unwrap()) as usize;
+        let kind = frame[8];
+        let partition_hash = u64::from_le_bytes(frame[17..25].try_into().unwrap());
+        assert!(
+            body_len > 0 && (kind == 1 || kind == 2),
+            "not a frame at {at}"
+        );
+        found.push(RecordAt {
+            offset: at,
+            body_len,
+            kind,
+            partition_hash,
+        });
+        at += FRAME_LEN + body_len;
+    }
+    assert_eq!(at, segment.len(), "records do not tile the segment");
+    found
+}
+
+/// The partition hash frames carry (FNV-1a, 64-bit).
+pub fn partition_hash(name: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in name {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Sets the format version of a segment header and re-seals its checksum, so the version is
+/// the only thing wrong with it.
+pub fn set_segment_version(segment: &mut [u8], version: u32) {
+    segment[VERSION_AT..VERSION_AT + 4].copy_from_slice(&version.to_le_bytes());
+    let crc = crc32c::crc32c(&segment[0..24]);
+    segment[24..28].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Sets the format version of a whole-file envelope (manifest, heads snapshot).
+pub fn set_envelope_version(file: &mut [u8], version: u32) {
+    file[VERSION_AT..VERSION_AT + 4].copy_from_slice(&version.to_le_bytes());
+}

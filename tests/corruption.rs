@@ -1,0 +1,491 @@
+//! Damaged files and bad input on the file-backed store: the outcomes docs/DESIGN.md documents
+//! (SPEC S4, S10, S1, E1). Never a panic, never wrong data.
+//!
+//! The store runs on [`FaultFs`], so the tests can damage exact bytes of the documented layout
+//! (see `common::layout`) and simulate a killed process (`crash_process`) or a clean close.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use common::check::{Model, State, check_store, read_state};
+use common::layout::{self, RecordAt};
+use common::logs;
+use common::workload::{PARTITIONS, batch, partition_of};
+use portcullis::store::{
+    Batch, FaultFs, FileStore, FileStoreBuilder, KeyRange, MAX_BATCH_BYTES, MAX_KEY_BYTES,
+    MAX_VALUE_BYTES, Partition, Store, Vfs,
+};
+use portcullis::{Error, ManualClock};
+
+const DIR: &str = "/db";
+const BATCHES: u64 = 24;
+
+fn builder(fs: &FaultFs) -> FileStoreBuilder {
+    FileStore::builder(DIR)
+        .vfs(Arc::new(fs.clone()))
+        .clock(Arc::new(ManualClock::new(1_000)))
+        .segment_bytes(4096)
+        .snapshot_every_bytes(1 << 40)
+        .base_every_records(4)
+        .auto_compact(false)
+}
+
+/// A disk holding the workload's batches `1..=BATCHES`: closed cleanly (a heads snapshot covers
+/// everything) or left by a killed process (open must scan the journal).
+fn written(clean_close: bool) -> FaultFs {
+    let fs = FaultFs::new();
+    let store = builder(&fs).open().unwrap();
+    for n in 1..=BATCHES {
+        assert!(
+            store
+                .apply(&partition_of(n), &batch(n))
+                .unwrap()
+                .is_committed()
+        );
+    }
+    if clean_close {
+        store.close().unwrap();
+        fs
+    } else {
+        let image = fs.crash_process();
+        drop(store);
+        image
+    }
+}
+
+fn journal() -> PathBuf {
+    Path::new(DIR).join("journal")
+}
+
+/// The journal's segment files, oldest first.
+fn segments(fs: &FaultFs) -> Vec<PathBuf> {
+    let mut names: Vec<String> = fs
+        .list(&journal())
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.ends_with(".seg"))
+        .collect();
+    names.sort();
+    names.into_iter().map(|n| journal().join(n)).collect()
+}
+
+/// Changes a file's bytes in place.
+fn damage(fs: &FaultFs, path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+    let mut bytes = fs.read_file(path).unwrap();
+    f(&mut bytes);
+    fs.write_file(path, bytes).unwrap();
+}
+
+/// The partition (of the workload's) whose name hashes to `hash`.
+fn partition_named_by(hash: u64) -> &'static str {
+    PARTITIONS
+        .into_iter()
+        .find(|n| layout::partition_hash(n.as_bytes()) == hash)
+        .expect("a workload partition")
+}
+
+/// Checks that `damaged` refuses every read with `Corrupt` and every other partition shows
+/// exactly the rows of the model's final state.
+fn check_only_damaged_refuses(store: &FileStore, damaged: &str, what: &str) {
+    let mut model = Model::default();
+    let expected = model.state(BATCHES).clone();
+    for name in PARTITIONS {
+        let p = Partition::new(name).unwrap();
+        let scanned = store.scan(&p, &KeyRange::all(), None, 1000);
+        let got = store.get(&p, b"g");
+        if name == damaged {
+            assert!(
+                matches!(scanned, Err(Error::Corrupt { .. })),
+                "{what}: the damaged partition {name} answered a scan with {scanned:?}"
+            );
+            assert!(
+                matches!(got, Err(Error::Corrupt { .. })),
+                "{what}: the damaged partition {name} answered a get with {got:?}"
+            );
+        } else {
+            let rows: std::collections::BTreeMap<_, _> = scanned
+                .unwrap_or_else(|e| panic!("{what}: healthy partition {name}: {e}"))
+                .entries
+                .into_iter()
+                .collect();
+            assert_eq!(
+                Some(&rows),
+                expected.get(name),
+                "{what}: partition {name} is wrong"
+            );
+        }
+    }
+}
+
+/// A record in a sealed segment is damaged, and open scans it (the writer was killed, so the
+/// journal after the last snapshot is scanned): open lists the damage, its partition refuses to
+/// load with `Corrupt`, the others return correct data (SPEC S4).
+#[test]
+fn a_flipped_byte_in_a_sealed_segment_fails_only_its_partition() {
+    let fs = written(false);
+    let segs = segments(&fs);
+    assert!(segs.len() >= 3, "the workload spans several segments");
+    let first = fs.read_file(&segs[0]).unwrap();
+    let victim: RecordAt = layout::records(&first)[0];
+    let name = partition_named_by(victim.partition_hash);
+    damage(&fs, &segs[0], |b| {
+        b[victim.offset + layout::FRAME_LEN + victim.body_len / 2] ^= 0x10;
+    });
+
+    let store = builder(&fs).open().unwrap();
+    let report = store.open_report().clone();
+    assert_eq!(report.damaged.len(), 1, "{report:?}");
+    assert_eq!(report.damaged[0].segment, 1);
+    assert_eq!(report.damaged[0].offset, victim.offset as u64);
+    assert_eq!(report.damaged[0].partition.as_deref(), Some(name));
+    assert_eq!(
+        report.torn_tail, None,
+        "damage in a sealed segment is not a torn tail"
+    );
+    check_only_damaged_refuses(&store, name, "scanned damage");
+    // The healthy partitions still take writes.
+    let other = PARTITIONS.into_iter().find(|n| *n != name).unwrap();
+    let p = Partition::new(other).unwrap();
+    assert!(
+        store
+            .apply(&p, &Batch::new().put(b"x".to_vec(), b"y".to_vec()))
+            .unwrap()
+            .is_committed()
+    );
+}
+
+/// Damage in history the heads snapshot already covers is found by the load that walks through
+/// it: that partition is refused with `Corrupt`, the others work (SPEC S4).
+#[test]
+fn a_flipped_byte_in_snapshotted_history_fails_its_partition_at_load() {
+    let fs = written(true);
+    // The newest record of a partition is the first one its load reads.
+    let segs = segments(&fs);
+    let last_seg = segs.last().unwrap();
+    let bytes = fs.read_file(last_seg).unwrap();
+    let victim = *layout::records(&bytes).last().unwrap();
+    let name = partition_named_by(victim.partition_hash);
+    damage(&fs, last_seg, |b| {
+        b[victim.offset + layout::FRAME_LEN + victim.body_len / 2] ^= 0x01;
+    });
+    let store = builder(&fs).open().unwrap();
+    assert_eq!(
+        store.open_report().journal_bytes_scanned,
+        0,
+        "a clean close left a snapshot"
+    );
+    check_only_damaged_refuses(&store, name, "damage found at load");
+}
+
+/// A record cut short at the end of the newest segment (its frame incomplete, or its body) is a
+/// torn write: truncated, reported and logged, and every batch before it intact (SPEC S4).
+#[test]
+fn a_truncated_tail_is_cut_and_logged_and_the_prefix_survives() {
+    logs::start();
+    for cut_into_frame in [false, true] {
+        let fs = written(false);
+        let last_seg = segments(&fs).pop().unwrap();
+        let bytes = fs.read_file(&last_seg).unwrap();
+        let last = *layout::records(&bytes).last().unwrap();
+        let keep = if cut_into_frame {
+            last.offset + layout::FRAME_LEN / 2
+        } else {
+            last.offset + layout::FRAME_LEN + last.body_len - 1
+        };
+        damage(&fs, &last_seg, |b| b.truncate(keep));
+
+        let store = builder(&fs).open().unwrap();
+        let torn = store
+            .open_report()
+            .torn_tail
+            .clone()
+            .expect("a torn tail is reported");
+        assert_eq!(torn.offset, last.offset as u64);
+        assert_eq!(torn.bytes_dropped, (keep - last.offset) as u64);
+        assert!(logs::warned(&[
+            "torn tail",
+            &format!("offset {}", last.offset)
+        ]));
+        assert!(store.open_report().damaged.is_empty());
+        let mut model = Model::default();
+        // The last record may be a batch or a base record; either way no acknowledged batch
+        // before it may be missing, and nothing partial may show.
+        let m = check_store(&mut model, &store, BATCHES - 1, BATCHES).unwrap();
+        if last.kind == 1 {
+            assert_eq!(m, BATCHES - 1, "only the torn batch is lost");
+        }
+    }
+}
+
+fn snapshot_files(fs: &FaultFs) -> Vec<PathBuf> {
+    fs.list(Path::new(DIR))
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.starts_with("heads-") && n.ends_with(".snap"))
+        .map(|n| Path::new(DIR).join(n))
+        .collect()
+}
+
+/// A removed heads snapshot, or a removed manifest, is not fatal: open warns, rebuilds by
+/// scanning the whole journal, says so in its report, data is intact, and the next open is fast
+/// again (the documented outcome).
+#[test]
+fn a_removed_snapshot_or_manifest_is_rebuilt_by_a_full_scan() {
+    logs::start();
+    for remove_manifest in [false, true] {
+        let fs = written(true);
+        let victims = if remove_manifest {
+            vec![Path::new(DIR).join("MANIFEST")]
+        } else {
+            snapshot_files(&fs)
+        };
+        assert_eq!(victims.len(), 1, "one snapshot after a clean close");
+        fs.remove(&victims[0]).unwrap();
+
+        let store = builder(&fs).open().unwrap();
+        let report = store.open_report().clone();
+        assert!(report.rebuilt_by_full_scan, "{report:?}");
+        assert!(report.journal_bytes_scanned > 0);
+        assert!(logs::warned(&["rebuilding by a full scan"]));
+        let mut model = Model::default();
+        assert_eq!(
+            check_store(&mut model, &store, BATCHES, BATCHES),
+            Ok(BATCHES)
+        );
+        store.close().unwrap();
+
+        let again = builder(&fs).open().unwrap();
+        assert!(!again.open_report().rebuilt_by_full_scan);
+        assert_eq!(again.open_report().journal_bytes_scanned, 0);
+        assert_eq!(
+            check_store(&mut model, &again, BATCHES, BATCHES),
+            Ok(BATCHES)
+        );
+    }
+}
+
+/// A newer format version in any segment header, the manifest or a heads snapshot is refused
+/// with `UnsupportedVersion`, and nothing is changed (SPEC S10).
+#[test]
+fn a_future_format_version_is_refused() {
+    enum Target {
+        FirstSegment,
+        NewestSegment,
+        Manifest,
+        Snapshot,
+    }
+    for target in [
+        Target::FirstSegment,
+        Target::NewestSegment,
+        Target::Manifest,
+        Target::Snapshot,
+    ] {
+        let fs = written(true);
+        let segs = segments(&fs);
+        let path = match target {
+            Target::FirstSegment => segs[0].clone(),
+            Target::NewestSegment => segs.last().unwrap().clone(),
+            Target::Manifest => Path::new(DIR).join("MANIFEST"),
+            Target::Snapshot => snapshot_files(&fs).pop().unwrap(),
+        };
+        let is_segment = matches!(target, Target::FirstSegment | Target::NewestSegment);
+        damage(&fs, &path, |b| {
+            if is_segment {
+                layout::set_segment_version(b, 2);
+            } else {
+                layout::set_envelope_version(b, 2);
+            }
+        });
+        let before: Vec<_> = segs.iter().map(|s| fs.read_file(s)).collect();
+        let opened = builder(&fs).open();
+        match opened {
+            Err(Error::UnsupportedVersion {
+                file,
+                found: 2,
+                supported: 1,
+            }) => {
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                assert!(file.contains(&name), "the error names {file}, not {name}");
+            }
+            other => panic!("{}: a future version answered {other:?}", path.display()),
+        }
+        let after: Vec<_> = segs.iter().map(|s| fs.read_file(s)).collect();
+        assert!(
+            before == after,
+            "{}: refusing changed the journal",
+            path.display()
+        );
+    }
+}
+
+/// A damaged header of the newest segment, which holds acknowledged batches, is damage, not "a
+/// creation cut short": open must not delete the segment and silently lose those batches
+/// (SPEC S4: damage is never skipped silently).
+#[test]
+fn a_damaged_header_of_the_newest_segment_is_not_silently_dropped() {
+    let fs = written(true);
+    let newest = segments(&fs).pop().unwrap();
+    let records = layout::records(&fs.read_file(&newest).unwrap()).len();
+    assert!(records > 0, "the newest segment holds records");
+    damage(&fs, &newest, |b| b[13] ^= 0x40); // inside the segment number: checksum fails
+    match builder(&fs).open() {
+        Err(Error::Corrupt { .. }) => {}
+        Err(other) => panic!("unexpected error {other:?}"),
+        Ok(store) => {
+            assert!(
+                fs.read_file(&newest).is_some(),
+                "open deleted a segment of acknowledged records"
+            );
+            let mut model = Model::default();
+            check_store(&mut model, &store, BATCHES, BATCHES).unwrap();
+        }
+    }
+}
+
+/// A directory path that names a file is refused with a clear error, and the file is untouched
+/// (SPEC E1).
+#[test]
+fn a_path_that_is_a_file_is_refused_clearly() {
+    let fs = FaultFs::new();
+    fs.write_file(Path::new("/not-a-dir"), b"precious".to_vec())
+        .unwrap();
+    let err = FileStore::builder("/not-a-dir")
+        .vfs(Arc::new(fs.clone()))
+        .open()
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert!(err.to_string().contains("/not-a-dir") && err.to_string().contains("is a file"));
+    assert_eq!(fs.read_file(Path::new("/not-a-dir")).unwrap(), b"precious");
+
+    // The same on the real file system.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"precious").unwrap();
+    let err = FileStore::open(&file).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"precious");
+}
+
+/// A read-only directory: creating a store there fails with an I/O error that names the path
+/// and the cause; an existing store either refuses to open the same way or opens and serves
+/// correct reads while refusing writes clearly. Modelled with `FaultFs`'s read-only mode,
+/// because these tests may run as root, whom permission bits do not stop (SPEC E1).
+#[test]
+fn a_read_only_directory_gives_a_clear_error() {
+    let fs = FaultFs::new();
+    fs.create_dir_all(Path::new(DIR)).unwrap();
+    fs.set_read_only(true);
+    let err = builder(&fs).open().unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(DIR) && msg.contains("read-only"),
+        "unclear: {msg}"
+    );
+
+    let fs = written(true);
+    fs.set_read_only(true);
+    match builder(&fs).open() {
+        Err(e) => {
+            assert!(matches!(e, Error::Io { .. }), "{e:?}");
+            assert!(e.to_string().contains("read-only"), "unclear: {e}");
+        }
+        Ok(store) => {
+            let mut model = Model::default();
+            assert_eq!(
+                check_store(&mut model, &store, BATCHES, BATCHES),
+                Ok(BATCHES)
+            );
+            let n = BATCHES + 1;
+            let refused = store.apply(&partition_of(n), &batch(n)).unwrap_err();
+            assert!(
+                refused.to_string().contains("read-only"),
+                "unclear: {refused}"
+            );
+        }
+    }
+}
+
+/// Oversize keys, values and batches, and empty keys, are refused before anything is written:
+/// not one byte of the disk changes, and the store keeps working (SPEC S1, E1).
+#[test]
+fn oversize_and_empty_input_changes_nothing_on_disk() {
+    let fs = FaultFs::new();
+    let store = builder(&fs).open().unwrap();
+    for n in 1..=6 {
+        assert!(
+            store
+                .apply(&partition_of(n), &batch(n))
+                .unwrap()
+                .is_committed()
+        );
+    }
+    let p = partition_of(7);
+    let disk_before = disk_bytes(&fs);
+    let state_before: State = read_state(&store).unwrap();
+    let big_value = vec![7u8; MAX_VALUE_BYTES];
+    let cases: Vec<(&str, Batch)> = vec![
+        ("empty key", Batch::new().put(Vec::new(), b"v".to_vec())),
+        (
+            "empty key in a guard",
+            Batch::new()
+                .absent(Vec::new())
+                .put(b"k".to_vec(), b"v".to_vec()),
+        ),
+        (
+            "oversize key",
+            Batch::new().put(vec![1u8; MAX_KEY_BYTES + 1], b"v".to_vec()),
+        ),
+        (
+            "oversize key after a good put",
+            Batch::new()
+                .put(b"k".to_vec(), b"v".to_vec())
+                .delete(vec![1u8; MAX_KEY_BYTES + 1]),
+        ),
+        (
+            "oversize value",
+            Batch::new().put(b"k".to_vec(), vec![0u8; MAX_VALUE_BYTES + 1]),
+        ),
+        (
+            "oversize batch",
+            (0..=MAX_BATCH_BYTES / MAX_VALUE_BYTES).fold(Batch::new(), |b, i| {
+                b.put(format!("k{i}").into_bytes(), big_value.clone())
+            }),
+        ),
+    ];
+    for (what, bad) in cases {
+        let err = store.apply(&p, &bad).unwrap_err();
+        assert!(
+            matches!(err, Error::TooLarge { .. } | Error::InvalidArgument(_)),
+            "{what}: {err:?}"
+        );
+        assert!(disk_bytes(&fs) == disk_before, "{what}: the disk changed");
+        assert_eq!(
+            read_state(&store).unwrap(),
+            state_before,
+            "{what}: the store changed"
+        );
+    }
+    // The store still works, and the refusals left nothing behind after a reopen either.
+    assert!(store.apply(&p, &batch(7)).unwrap().is_committed());
+    store.close().unwrap();
+    let store = builder(&fs).open().unwrap();
+    let mut model = Model::default();
+    assert_eq!(check_store(&mut model, &store, 7, 7), Ok(7));
+}
+
+/// Every file of the store and its bytes.
+fn disk_bytes(fs: &FaultFs) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    for dir in [Path::new(DIR).to_path_buf(), journal()] {
+        for name in fs.list(&dir).unwrap() {
+            let path = dir.join(&name);
+            if let Some(bytes) = fs.read_file(&path) {
+                files.push((path, bytes));
+            }
+        }
+    }
+    files
+}
