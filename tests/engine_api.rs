@@ -155,3 +155,26 @@ fn l3_checkpoint_with_truncation_keeps_the_state() {
         vec![b"1".to_vec(), b"2".to_vec(), b"3".to_vec()]
     );
 }
+
+#[test]
+fn e2_the_file_store_is_the_default_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let machine = Arc::new(TestMachine::default());
+    let e = entity(1);
+    {
+        let engine = Engine::builder(Arc::clone(&machine))
+            .directory(dir.path())
+            .open()
+            .unwrap();
+        engine.register(&e).unwrap();
+        engine.append(&e, 0, vec![b"durable".to_vec()]).unwrap();
+        engine.close().unwrap();
+    }
+    let engine = Engine::builder(Arc::clone(&machine))
+        .directory(dir.path())
+        .open()
+        .unwrap();
+    assert_eq!((engine.incarnation(), engine.unclean_previous()), (2, None));
+    assert_eq!(payloads(&engine, &e).unwrap(), vec![b"durable".to_vec()]);
+    engine.close().unwrap();
+}

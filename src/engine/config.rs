@@ -1,12 +1,13 @@
 //! The engine's builder-style configuration (SPEC E2). Every setter documents its default.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::Engine;
 use crate::clock::{SharedClock, SystemClock};
 use crate::error::{Error, Result};
 use crate::restore::{Metrics, StateMachine};
-use crate::store::Store;
+use crate::store::{FileStore, Store};
 
 /// Configures and opens an [`Engine`].
 ///
@@ -42,6 +43,7 @@ use crate::store::Store;
 pub struct EngineBuilder<M: StateMachine> {
     pub(crate) machine: M,
     pub(crate) store: Option<Arc<dyn Store>>,
+    pub(crate) directory: Option<PathBuf>,
     pub(crate) clock: SharedClock,
     pub(crate) pool_threads: usize,
     pub(crate) warm_parallelism: usize,
@@ -56,6 +58,7 @@ impl<M: StateMachine> EngineBuilder<M> {
         EngineBuilder {
             machine,
             store: None,
+            directory: None,
             clock: Arc::new(SystemClock),
             pool_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             warm_parallelism: 4,
@@ -66,8 +69,15 @@ impl<M: StateMachine> EngineBuilder<M> {
         }
     }
 
-    /// The store to open over. Required for now: the file-backed store becomes the default
-    /// once it exists.
+    /// Opens the default, file-backed store in `dir` (created if missing). Either this or
+    /// [`store`](Self::store) is required; a store given with `store` wins.
+    pub fn directory(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.directory = Some(dir.into());
+        self
+    }
+
+    /// A store to open over instead of the default file-backed one (the in-memory store for
+    /// tests, or another backend).
     pub fn store(mut self, store: Arc<dyn Store>) -> Self {
         self.store = Some(store);
         self
@@ -121,16 +131,22 @@ impl<M: StateMachine> EngineBuilder<M> {
 
     /// Opens the engine: records the new incarnation, registers every entity found as pending,
     /// and returns at once (SPEC R1).
-    pub fn open(self) -> Result<Engine<M>> {
+    pub fn open(mut self) -> Result<Engine<M>> {
         if self.pool_threads == 0 || self.warm_parallelism == 0 {
             return Err(Error::invalid(
                 "pool_threads and warm_parallelism must be at least 1",
             ));
         }
         if self.store.is_none() {
-            return Err(Error::invalid(
-                "no store configured: pass one with EngineBuilder::store",
-            ));
+            let Some(dir) = &self.directory else {
+                return Err(Error::invalid(
+                    "no store configured: pass a directory (EngineBuilder::directory) or a store",
+                ));
+            };
+            let store = FileStore::builder(dir)
+                .clock(Arc::clone(&self.clock))
+                .open()?;
+            self.store = Some(Arc::new(store));
         }
         Engine::open_with(self)
     }
