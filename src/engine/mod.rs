@@ -1,5 +1,5 @@
 //! The public blocking API (SPEC E2): configuration, the rayon pool, the clock and telemetry,
-//! over [`restore`](crate::restore) and, for writes, epoch fencing through a named seam.
+//! over [`crate::restore`] and, for writes, epoch fencing through a named seam.
 //!
 //! Owns: [`Engine`] (open, register, read, write, defer, checkpoint, warm, release, stats,
 //! close), its [`EngineBuilder`], the incarnation rows in the reserved system partition

@@ -47,7 +47,7 @@ pub use read::{LogPage, LogRecord, read_log, replay};
 pub use truncate::truncate_before;
 
 /// How many times [`append`] re-reads a head that moved under it before answering
-/// [`Error::Unavailable`](crate::Error::Unavailable).
+/// [`crate::Error::Unavailable`].
 pub const APPEND_RETRIES: usize = 16;
 
 /// Rows read per page while replaying or verifying history.
