@@ -21,6 +21,7 @@ pub mod clock;
 pub mod engine;
 pub mod entity;
 pub mod error;
+pub mod fence;
 pub mod log;
 pub mod restore;
 pub mod store;

@@ -14,7 +14,8 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
@@ -93,6 +94,12 @@ pub struct Journal {
     segment_bytes: u64,
     state: Mutex<State>,
     durable: Condvar,
+    /// Committers that announced an append they have not made yet (see [`AppendIntent`]).
+    intents: AtomicUsize,
+    /// Signalled when an announced append is made or abandoned, for a gathering leader.
+    gathered: Condvar,
+    /// Recent sync duration in nanoseconds (an exponentially weighted average).
+    sync_nanos: AtomicU64,
     segments: RwLock<BTreeMap<u32, Segment>>,
     /// Segments compaction deleted; kept open until the next compaction so a reader that took
     /// a location just before the deletion can still finish its read.
@@ -178,9 +185,22 @@ impl Journal {
                 failed: None,
             }),
             durable: Condvar::new(),
+            intents: AtomicUsize::new(0),
+            gathered: Condvar::new(),
+            sync_nanos: AtomicU64::new(0),
             segments: RwLock::new(tail.segments),
             retired: Mutex::new(Vec::new()),
             counters: JournalCounters::default(),
+        }
+    }
+
+    /// Announces that the caller is about to append and then wait for durability, so that a
+    /// leader about to sync may wait a moment for it (see [`Journal::lead`]).
+    pub fn announce(&self) -> AppendIntent<'_> {
+        self.intents.fetch_add(1, Ordering::AcqRel);
+        AppendIntent {
+            journal: self,
+            pending: true,
         }
     }
 
@@ -194,9 +214,25 @@ impl Journal {
         body: &[u8],
         on_placed: impl FnOnce(u64, Loc),
     ) -> Result<(u64, Loc)> {
+        self.append_inner(kind, partition_hash, body, on_placed, false)
+    }
+
+    fn append_inner(
+        &self,
+        kind: RecordKind,
+        partition_hash: u64,
+        body: &[u8],
+        on_placed: impl FnOnce(u64, Loc),
+        fulfils_intent: bool,
+    ) -> Result<(u64, Loc)> {
         let body_crc = format::body_crc(body);
         let record_len = (FRAME_LEN + body.len()) as u64;
         let mut st = self.state.lock();
+        if fulfils_intent {
+            // Under the mutex, so a gathering leader cannot miss it.
+            self.intents.fetch_sub(1, Ordering::AcqRel);
+            self.gathered.notify_all();
+        }
         if let Some(reason) = &st.failed {
             return Err(Error::SyncFailed(reason.clone()));
         }
@@ -287,8 +323,23 @@ impl Journal {
 
     /// Becomes the leader: writes (and, if asked, syncs) the whole queue outside the mutex, so
     /// appenders keep queueing while the device works.
+    ///
+    /// Before a sync, if other committers have announced an append they have not made yet, the
+    /// leader waits for them, at most half the recent sync time (and never more than 1 ms):
+    /// their records then share this sync instead of each paying for the next one. A lone
+    /// committer never waits.
     fn lead(&self, st: &mut MutexGuard<'_, State>, sync: bool) {
         st.leader_active = true;
+        if sync && self.intents.load(Ordering::Acquire) > 0 {
+            let budget = Duration::from_nanos(self.sync_nanos.load(Ordering::Relaxed) / 2)
+                .min(Duration::from_millis(1));
+            let deadline = Instant::now() + budget;
+            while self.intents.load(Ordering::Acquire) > 0 {
+                if self.gathered.wait_until(st, deadline).timed_out() {
+                    break;
+                }
+            }
+        }
         let queue = std::mem::take(&mut st.queue);
         // Only the leader touches `dirty`, so it can be taken and handed back.
         let dirty = std::mem::take(&mut st.dirty);
@@ -348,8 +399,17 @@ impl Journal {
 
     fn sync_segment(&self, number: u32) -> Result<()> {
         let file = self.segment(number)?.file;
+        let started = Instant::now();
         file.sync_data()
             .map_err(|e| Error::io(format!("syncing journal segment {number}"), e))?;
+        let took = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        let average = self.sync_nanos.load(Ordering::Relaxed);
+        let updated = if average == 0 {
+            took
+        } else {
+            (average * 7 + took) / 8
+        };
+        self.sync_nanos.store(updated, Ordering::Relaxed);
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -468,6 +528,37 @@ impl Journal {
             st.synced_lsn
         } else {
             st.written_lsn
+        }
+    }
+}
+
+/// A committer's announcement that it will append (see [`Journal::announce`]). Appending
+/// through it, or dropping it, withdraws the announcement.
+pub struct AppendIntent<'a> {
+    journal: &'a Journal,
+    pending: bool,
+}
+
+impl AppendIntent<'_> {
+    /// Appends the announced record (see [`Journal::append`]).
+    pub fn append(
+        mut self,
+        kind: RecordKind,
+        partition_hash: u64,
+        body: &[u8],
+        on_placed: impl FnOnce(u64, Loc),
+    ) -> Result<(u64, Loc)> {
+        self.pending = false;
+        self.journal
+            .append_inner(kind, partition_hash, body, on_placed, true)
+    }
+}
+
+impl Drop for AppendIntent<'_> {
+    fn drop(&mut self) {
+        if self.pending {
+            self.journal.intents.fetch_sub(1, Ordering::AcqRel);
+            self.journal.gathered.notify_all();
         }
     }
 }

@@ -799,6 +799,7 @@ impl Store for FileStore {
             return Err(Error::SyncFailed(reason));
         }
         let state = inner.part(p, true).expect("created on demand");
+        let intent = inner.journal.announce();
         let lsn = {
             let mut commit = state.commit.lock();
             inner.load_locked(&state, &mut commit)?;
@@ -822,12 +823,9 @@ impl Store for FileStore {
             }
             let (body, value_offsets) =
                 format::encode_batch_body(p.as_bytes(), partition::head_of(&state), batch.ops());
-            let (lsn, at) =
-                inner
-                    .journal
-                    .append(RecordKind::Batch, state.hash, &body, |_, at| {
-                        state.head.store(at, Ordering::Release)
-                    })?;
+            let (lsn, at) = intent.append(RecordKind::Batch, state.hash, &body, |_, at| {
+                state.head.store(at, Ordering::Release)
+            })?;
             let body_at = at + format::FRAME_LEN as u64;
             let mut offsets = value_offsets.into_iter();
             let ops = batch

@@ -1,0 +1,204 @@
+//! The background revocation driver (SPEC F9): runs slices on the rayon pool until
+//! `Complete`, with a handle to wait (with a timeout) or cancel. Bounded by slice counts as
+//! well as time (F8), so a frozen clock ends it with `Unavailable` instead of hanging it.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crossbeam::channel::{self, Receiver, RecvTimeoutError, Sender};
+use parking_lot::Mutex;
+
+use super::{Fence, RevokeBudget, RevokeProgress};
+use crate::entity::Namespace;
+use crate::error::{Error, Result};
+
+/// Limits of a background revocation (SPEC F8, F9).
+///
+/// ```
+/// use std::time::Duration;
+/// use portcullis::fence::DriverLimits;
+/// let limits = DriverLimits { max_idle_slices: 16, idle_pause: Duration::ZERO, ..DriverLimits::default() };
+/// assert_eq!(limits.max_idle_slices, 16);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DriverLimits {
+    /// The budget of each slice.
+    pub budget: RevokeBudget,
+    /// The most slices the driver runs before it answers `Unavailable`. Default 1,000,000.
+    pub max_slices: u64,
+    /// The most consecutive slices that make no progress while the planner's clock stands
+    /// still before the driver answers `Unavailable` (a frozen clock). Default 1,000.
+    pub max_idle_slices: u64,
+    /// How long the driver pauses (real time) after a slice that made no progress, so a
+    /// recovery hold-off is waited out without spinning. Default 10 ms.
+    pub idle_pause: Duration,
+}
+
+impl Default for DriverLimits {
+    fn default() -> Self {
+        DriverLimits {
+            budget: RevokeBudget::default(),
+            max_slices: 1_000_000,
+            max_idle_slices: 1_000,
+            idle_pause: Duration::from_millis(10),
+        }
+    }
+}
+
+/// How a background revocation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DriverReport {
+    /// Slices run.
+    pub slices: u64,
+    /// `true` if revocation reached `Complete`, `false` if it was cancelled first.
+    pub complete: bool,
+}
+
+/// A running background revocation: wait for it, or cancel it. Dropping the handle lets the
+/// revocation run on to its end.
+#[derive(Debug)]
+pub struct RevocationHandle {
+    done: Receiver<Result<DriverReport>>,
+    cancel: Sender<()>,
+    taken: Mutex<bool>,
+}
+
+impl RevocationHandle {
+    /// Waits up to `timeout` for the driver to end. `None` if it is still running. The
+    /// result is given once; later calls answer `InvalidArgument`.
+    pub fn wait(&self, timeout: Duration) -> Option<Result<DriverReport>> {
+        let mut taken = self.taken.lock();
+        if *taken {
+            return Some(Err(Error::invalid("the driver's result was already taken")));
+        }
+        match self.done.recv_timeout(timeout) {
+            Ok(result) => {
+                *taken = true;
+                Some(result)
+            }
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                *taken = true;
+                Some(Err(Error::Unavailable {
+                    reason: "the revocation driver ended without a result".into(),
+                    retry_after_ms: 0,
+                }))
+            }
+        }
+    }
+
+    /// Asks the driver to stop after its current slice; it then reports `complete: false`.
+    pub fn cancel(&self) {
+        let _ = self.cancel.try_send(());
+    }
+}
+
+impl Fence {
+    /// Starts a background revocation of the namespace on the rayon pool (SPEC F9).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use portcullis::{ManualClock, Namespace, store::MemoryStore, fence::*};
+    /// # let clock = Arc::new(ManualClock::new(0));
+    /// # let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock, FenceConfig::default());
+    /// let ns = Namespace::new("ns").unwrap();
+    /// fence.bump_epoch(&ns, 1).unwrap();
+    /// let handle = fence.revoke_in_background(&ns, DriverLimits::default());
+    /// let report = handle.wait(Duration::from_secs(10)).unwrap().unwrap();
+    /// assert!(report.complete);
+    /// ```
+    pub fn revoke_in_background(&self, ns: &Namespace, limits: DriverLimits) -> RevocationHandle {
+        let (done_tx, done_rx) = channel::bounded(1);
+        let (cancel_tx, cancel_rx) = channel::bounded(1);
+        let fence = self.clone();
+        let ns = ns.clone();
+        rayon::spawn(move || {
+            // A panic in a rayon task would abort the process: catch it and report it.
+            let result = catch_unwind(AssertUnwindSafe(|| fence.drive(&ns, limits, &cancel_rx)))
+                .unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".into());
+                    log::warn!("revocation driver for {ns} panicked: {what}");
+                    Err(Error::Unavailable {
+                        reason: format!("the revocation driver panicked: {what}"),
+                        retry_after_ms: 0,
+                    })
+                });
+            let _ = done_tx.send(result);
+        });
+        RevocationHandle {
+            done: done_rx,
+            cancel: cancel_tx,
+            taken: Mutex::new(false),
+        }
+    }
+
+    fn drive(
+        &self,
+        ns: &Namespace,
+        limits: DriverLimits,
+        cancel: &Receiver<()>,
+    ) -> Result<DriverReport> {
+        let mut idle = 0u64;
+        let mut last_now = self.now();
+        for slice in 1..=limits.max_slices {
+            if cancel.try_recv().is_ok() {
+                return Ok(DriverReport {
+                    slices: slice - 1,
+                    complete: false,
+                });
+            }
+            let acks_before = self.inner.counters.acks.load(Ordering::Relaxed);
+            match self.revoke_step(ns, limits.budget)? {
+                RevokeProgress::Complete => {
+                    return Ok(DriverReport {
+                        slices: slice,
+                        complete: true,
+                    });
+                }
+                RevokeProgress::Pending { remaining } => {
+                    let progressed =
+                        self.inner.counters.acks.load(Ordering::Relaxed) != acks_before;
+                    let now = self.now();
+                    if progressed || now != last_now {
+                        idle = 0;
+                    } else {
+                        idle += 1;
+                        if idle >= limits.max_idle_slices {
+                            return Err(Error::Unavailable {
+                                reason: format!(
+                                    "revocation of {ns} made no progress in {idle} slices while the clock stood at {now} ms ({remaining} remaining)"
+                                ),
+                                retry_after_ms: 1_000,
+                            });
+                        }
+                    }
+                    last_now = now;
+                    if !progressed {
+                        match cancel.recv_timeout(limits.idle_pause) {
+                            Ok(()) => {
+                                return Ok(DriverReport {
+                                    slices: slice,
+                                    complete: false,
+                                });
+                            }
+                            Err(RecvTimeoutError::Timeout) => {}
+                            Err(RecvTimeoutError::Disconnected) => {}
+                        }
+                    }
+                }
+            }
+        }
+        Err(Error::Unavailable {
+            reason: format!(
+                "revocation of {ns} did not complete in {} slices",
+                limits.max_slices
+            ),
+            retry_after_ms: 1_000,
+        })
+    }
+}

@@ -1,0 +1,133 @@
+//! Reading and advancing the epoch (SPEC F1), and declaring a recovered lease table (F6).
+
+use super::rows::{self, RecoveryRow};
+use super::{Fence, guard_as_read};
+use crate::entity::Namespace;
+use crate::error::{Error, Result};
+use crate::store::Batch;
+
+/// The largest step one bump may take (SPEC F1).
+pub const MAX_EPOCH_STEP: u64 = 1024;
+/// How many compare-and-set races a bump loses before answering `Unavailable` (SPEC F1, F8).
+const MAX_BUMP_ATTEMPTS: usize = 8;
+
+impl Fence {
+    /// The namespace's current epoch (0 until the first bump). One store read.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use portcullis::{ManualClock, Namespace, store::MemoryStore, fence::{Fence, FenceConfig}};
+    /// # let clock = Arc::new(ManualClock::new(0));
+    /// # let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock, FenceConfig::default());
+    /// let ns = Namespace::new("ns").unwrap();
+    /// assert_eq!(fence.current_epoch(&ns).unwrap(), 0);
+    /// ```
+    pub fn current_epoch(&self, ns: &Namespace) -> Result<u64> {
+        let raw = self
+            .inner
+            .store
+            .get(&ns.coordinator_partition(), &self.inner.keys.current())?;
+        rows::decode_epoch(raw.as_deref())
+    }
+
+    /// Compare-and-sets the epoch to `new` (SPEC F1).
+    ///
+    /// `new` must exceed the current epoch by 1 to 1,024, else `InvalidArgument` and nothing
+    /// changes. A lost race re-reads and re-classifies; finding `new` installed by a concurrent
+    /// winner is success. Repeated contention answers `Unavailable` with a retry hint.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use portcullis::{ManualClock, Namespace, store::MemoryStore, fence::{Fence, FenceConfig}};
+    /// # let clock = Arc::new(ManualClock::new(0));
+    /// # let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock, FenceConfig::default());
+    /// let ns = Namespace::new("ns").unwrap();
+    /// fence.bump_epoch(&ns, 3).unwrap();
+    /// assert!(fence.bump_epoch(&ns, 3).is_err()); // a step of 0
+    /// assert!(fence.bump_epoch(&ns, 3 + 1025).is_err()); // a step above 1,024
+    /// ```
+    pub fn bump_epoch(&self, ns: &Namespace, new: u64) -> Result<()> {
+        let coordinator = ns.coordinator_partition();
+        let key = self.inner.keys.current();
+        let mut lost_a_race = false;
+        for _ in 0..MAX_BUMP_ATTEMPTS {
+            let raw = self.inner.store.get(&coordinator, &key)?;
+            let current = rows::decode_epoch(raw.as_deref())?;
+            if lost_a_race && current == new {
+                // A concurrent bump installed the same value: that is what we wanted.
+                return Ok(());
+            }
+            let step = new.saturating_sub(current);
+            if step == 0 || step > MAX_EPOCH_STEP {
+                return Err(Error::invalid(format!(
+                    "a bump must advance the {kind:?} of {ns} by 1 to {MAX_EPOCH_STEP}: it is {current}, asked for {new}",
+                    kind = self.inner.kind
+                )));
+            }
+            let batch = guard_as_read(Batch::new(), &key, raw.as_deref())
+                .put(key.clone(), rows::encode(&new));
+            if self.inner.store.apply(&coordinator, &batch)?.is_committed() {
+                log::debug!("{:?} of {ns} bumped {current} -> {new}", self.inner.kind);
+                return Ok(());
+            }
+            lost_a_race = true;
+        }
+        Err(Error::Unavailable {
+            reason: format!(
+                "the {:?} of {ns} is contended; the bump lost {MAX_BUMP_ATTEMPTS} races",
+                self.inner.kind
+            ),
+            retry_after_ms: 10,
+        })
+    }
+
+    /// Advances the epoch by `step` (1 to 1,024) from whatever it is now; answers the new
+    /// epoch. `InvalidArgument` if the step is out of range or the epoch would overflow.
+    pub fn advance_epoch(&self, ns: &Namespace, step: u64) -> Result<u64> {
+        if step == 0 || step > MAX_EPOCH_STEP {
+            return Err(Error::invalid(format!(
+                "an epoch step must be 1 to {MAX_EPOCH_STEP}, got {step}"
+            )));
+        }
+        let current = self.current_epoch(ns)?;
+        let new = current.checked_add(step).ok_or_else(|| {
+            Error::invalid(format!("the epoch of {ns} ({current}) would overflow"))
+        })?;
+        self.bump_epoch(ns, new)?;
+        Ok(new)
+    }
+
+    /// Declares that the namespace's lease table was restored or rebuilt (SPEC F6): records
+    /// `resumed_at_ms = now`, so revocation cannot complete before
+    /// `now + epoch_lease_ms + lease_margin_ms`. Call it before serving writes.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use portcullis::{ManualClock, Namespace, store::MemoryStore, fence::*};
+    /// # let clock = Arc::new(ManualClock::new(100_000));
+    /// # let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("ns").unwrap();
+    /// fence.mark_lease_table_recovered(&ns).unwrap();
+    /// assert!(matches!(fence.revoke_step(&ns, RevokeBudget::default()).unwrap(), RevokeProgress::Pending { .. }));
+    /// clock.advance(35_000);
+    /// assert_eq!(fence.revoke_step(&ns, RevokeBudget::default()).unwrap(), RevokeProgress::Complete);
+    /// ```
+    pub fn mark_lease_table_recovered(&self, ns: &Namespace) -> Result<()> {
+        let now = self.now();
+        let row = RecoveryRow { resumed_at_ms: now };
+        let batch = Batch::new().put(self.inner.keys.recovery(), rows::encode(&row));
+        let outcome = self
+            .inner
+            .store
+            .apply(&ns.coordinator_partition(), &batch)?;
+        debug_assert!(outcome.is_committed());
+        log::warn!(
+            "{:?} lease table of {ns} declared recovered at {now} ms; revocation holds off until {} ms",
+            self.inner.kind,
+            now.saturating_add(
+                self.inner.config.epoch_lease_ms() + self.inner.config.lease_margin_ms()
+            )
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,62 @@
+//! Test-only fault hooks and guard switches.
+//!
+//! Hidden from the documentation: tests use them to pause a step at a named point (with
+//! barriers or channels, never sleeps) and to remove one guard at a time, so negative controls
+//! can show that the checks would catch a broken protocol. With the defaults nothing changes.
+
+use crate::entity::EntityId;
+
+/// A named point in the protocol where a test may pause or observe.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HookPoint {
+    /// A write has planned its batch and is about to apply it to the entity.
+    WriteBeforeApply,
+    /// A renewal has read the coordinator and is about to commit the leased-shard row.
+    RenewalBeforeRow,
+    /// A renewal has committed the leased-shard row and not yet written the entity's lease.
+    RenewalAfterRow,
+    /// A push is about to read the entity's lease (the slice has already read the row).
+    PushBeforeLeaseRead,
+    /// A push has read the entity's lease and is about to write it.
+    PushBeforeLeaseWrite,
+    /// A push has committed the entity's lease and not yet acknowledged it.
+    PushBeforeAck,
+    /// A revocation slice is about to write its checkpoint (and decide completion).
+    SliceBeforeCheckpoint,
+    /// The sweeper has found an expired row and is about to delete it.
+    SweepBeforeDelete,
+}
+
+/// Called by the fence at every [`HookPoint`]. The default does nothing.
+#[doc(hidden)]
+pub trait FenceHooks: Send + Sync + std::fmt::Debug {
+    /// The fence reached `point` (for `entity`, when one is involved).
+    fn at(&self, point: HookPoint, entity: Option<&EntityId>);
+}
+
+/// Hooks that do nothing.
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct NoHooks;
+
+impl FenceHooks for NoHooks {
+    fn at(&self, _point: HookPoint, _entity: Option<&EntityId>) {}
+}
+
+/// Switches that remove one guard each, for negative controls and teeth checks. Every field
+/// defaults to `false` (all guards in place). Never set them outside tests.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GuardSwitches {
+    /// Drop the `Equals` guard on the entity's lease from fenced writes (SPEC F3).
+    pub drop_lease_guard: bool,
+    /// Drop the `NotAfter` deadline from fenced writes (SPEC F3).
+    pub drop_deadline: bool,
+    /// Acknowledge a row before (and without) pushing the entity's lease (SPEC F4).
+    pub ack_before_push: bool,
+    /// Drop the guard on the row as read from acknowledgements (SPEC F4).
+    pub drop_ack_row_guard: bool,
+    /// Ignore the recovery hold-off when deciding completion (SPEC F6).
+    pub ignore_recovery_hold_off: bool,
+}

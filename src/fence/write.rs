@@ -1,0 +1,412 @@
+//! The lease-and-write path (SPEC F2, F3): a write commits only under a usable lease, guarded
+//! on that lease exactly as read and on a deadline checked by the store at commit.
+
+use super::rows::{self, LeaseRow, ShardRow};
+use super::stats::Counters;
+use super::{Fence, HookPoint, guard_as_read};
+use crate::entity::EntityId;
+use crate::error::{Error, Result};
+use crate::store::{Batch, Op, Outcome};
+
+/// How many times a write re-plans after a failed lease guard, a lost renewal race or a
+/// passed deadline before it answers `Unavailable` (SPEC F3, F8).
+const MAX_WRITE_ATTEMPTS: usize = 4;
+
+/// One fence and the grant epoch a write was planned under (see [`write_under`]).
+#[derive(Clone, Copy, Debug)]
+pub struct FenceGrant<'a> {
+    /// The fence.
+    pub fence: &'a Fence,
+    /// The epoch (or authority generation) the caller planned the write under.
+    pub grant: u64,
+}
+
+/// What a planning closure sees on each attempt of a fenced write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WritePlan {
+    /// The lease epoch the write will commit under, one per fence in the order given.
+    pub epochs: Vec<u64>,
+    /// The planner's clock when this attempt was planned.
+    pub plan_time_ms: u64,
+    /// The earliest `NotAfter` deadline the batch carries (store clock).
+    pub deadline_ms: u64,
+    /// Whether this attempt renews a lease first.
+    pub renewal: bool,
+    /// 0 for the first attempt, 1 for the first re-plan, ...
+    pub attempt: usize,
+}
+
+/// What became of a fenced write. Fenced and unavailable writes are errors
+/// ([`Error::Fenced`], [`Error::Unavailable`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum WriteOutcome {
+    /// The batch committed under these lease epochs (one per fence, in the order given).
+    Committed {
+        /// The lease epoch of each fence.
+        epochs: Vec<u64>,
+    },
+    /// The caller's own precondition at `index` (into the caller's batch) did not hold;
+    /// nothing of the batch was written.
+    PreconditionFailed {
+        /// Index into the caller's [`Batch::guards`].
+        index: usize,
+    },
+    /// The planning closure chose not to write; no lease state was written.
+    Declined,
+}
+
+/// One planned attempt.
+enum Attempt {
+    Declined,
+    LostRace,
+    Ready(PlannedWrite),
+}
+
+/// A write that has been planned (its lease read and, if needed, its leased-shard row
+/// committed) but not yet applied to the entity. Test-only handle, so property tests can
+/// interleave other steps between planning and applying; [`write_under`] uses it too.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct PlannedWrite {
+    fence: Fence,
+    entity: EntityId,
+    batch: Batch,
+    fence_guards: usize,
+    epochs: Vec<u64>,
+}
+
+impl PlannedWrite {
+    /// The lease epochs this write will commit under.
+    pub fn epochs(&self) -> &[u64] {
+        &self.epochs
+    }
+
+    /// Applies the planned batch once. `None` when the lease guard failed or the deadline
+    /// passed (the caller would re-plan).
+    pub fn apply(self) -> Result<Option<WriteOutcome>> {
+        let entity = &self.entity;
+        self.fence.hook(HookPoint::WriteBeforeApply, Some(entity));
+        match self
+            .fence
+            .inner
+            .store
+            .apply(&entity.partition(), &self.batch)?
+        {
+            Outcome::Committed => {
+                Counters::bump(&self.fence.inner.counters.writes_committed);
+                Ok(Some(WriteOutcome::Committed {
+                    epochs: self.epochs,
+                }))
+            }
+            Outcome::PreconditionFailed { index } if index >= self.fence_guards => {
+                Ok(Some(WriteOutcome::PreconditionFailed {
+                    index: index - self.fence_guards,
+                }))
+            }
+            Outcome::PreconditionFailed { .. } => {
+                log::debug!("lease of {entity} changed since it was read");
+                Ok(None)
+            }
+            Outcome::DeadlinePassed { now_ms } => {
+                log::debug!("write to {entity} passed its deadline (store clock {now_ms})");
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Plans one attempt: reads every fence's lease, asks the caller for its batch, commits any
+/// renewal's leased-shard rows, and assembles the entity batch.
+fn plan_attempt(
+    fences: &[FenceGrant<'_>],
+    entity: &EntityId,
+    attempt: usize,
+    plan: &mut impl FnMut(&WritePlan) -> Option<Batch>,
+) -> Result<Attempt> {
+    let mut prepared = Vec::with_capacity(fences.len());
+    for fg in fences {
+        prepared.push(fg.fence.prepare(entity, fg.grant)?);
+    }
+    let write_plan = WritePlan {
+        epochs: prepared.iter().map(|p| p.lease_epoch).collect(),
+        plan_time_ms: prepared[0].plan_time_ms,
+        deadline_ms: prepared.iter().map(|p| p.deadline_ms).min().unwrap_or(0),
+        renewal: prepared.iter().any(|p| p.renewal.is_some()),
+        attempt,
+    };
+    let Some(user) = plan(&write_plan) else {
+        return Ok(Attempt::Declined);
+    };
+    for fg in fences {
+        fg.fence.refuse_reserved_keys(&user)?;
+    }
+
+    // SPEC F2: the leased-shard row commits in the coordinator before the entity's lease.
+    let coordinator = entity.namespace().coordinator_partition();
+    for (fg, p) in fences.iter().zip(&prepared) {
+        if let Some((reservation, _)) = &p.renewal {
+            fg.fence.hook(HookPoint::RenewalBeforeRow, Some(entity));
+            if !fg
+                .fence
+                .inner
+                .store
+                .apply(&coordinator, reservation)?
+                .is_committed()
+            {
+                return Ok(Attempt::LostRace);
+            }
+            Counters::bump(&fg.fence.inner.counters.renewals);
+            fg.fence.hook(HookPoint::RenewalAfterRow, Some(entity));
+        }
+    }
+
+    let mut batch = Batch::new();
+    for (fg, p) in fences.iter().zip(&prepared) {
+        batch = fg.fence.add_fence_guards(batch, p);
+    }
+    let fence_guards = batch.guards().len();
+    batch.extend(user);
+    Ok(Attempt::Ready(PlannedWrite {
+        fence: fences[0].fence.clone(),
+        entity: entity.clone(),
+        batch,
+        fence_guards,
+        epochs: write_plan.epochs,
+    }))
+}
+
+/// One fence's part of an attempt: what was read, and what the entity batch must carry.
+struct Prepared {
+    lease_raw: Option<Vec<u8>>,
+    lease_epoch: u64,
+    /// Set when the attempt renews: the coordinator batch to commit first, and the lease to
+    /// write in the entity batch.
+    renewal: Option<(Batch, LeaseRow)>,
+    /// `min(expires_at_ms - lease_margin_ms, plan_time + max_apply_window_ms)`.
+    deadline_ms: u64,
+    plan_time_ms: u64,
+}
+
+impl Fence {
+    /// Writes `batch` to `entity` under the caller's `grant` epoch (SPEC F2, F3).
+    ///
+    /// Renews the entity's lease first if it is not usable. Answers
+    /// [`WriteOutcome::Committed`], the caller's own precondition failure as
+    /// [`WriteOutcome::PreconditionFailed`], [`Error::Fenced`] if the grant is older than the
+    /// lease, or [`Error::Unavailable`] after a bounded number of re-plans.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use portcullis::{EntityId, ManualClock, store::{Batch, MemoryStore}, fence::*};
+    /// # let clock = Arc::new(ManualClock::new(0));
+    /// # let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock, FenceConfig::default());
+    /// let e = EntityId::new("ns", "e1").unwrap();
+    /// let first = Batch::new().absent(b"k".to_vec()).put(b"k".to_vec(), b"v".to_vec());
+    /// assert_eq!(fence.write(&e, 0, first.clone()).unwrap(), WriteOutcome::Committed { epochs: vec![0] });
+    /// assert_eq!(fence.write(&e, 0, first).unwrap(), WriteOutcome::PreconditionFailed { index: 0 });
+    /// ```
+    pub fn write(&self, entity: &EntityId, grant: u64, batch: Batch) -> Result<WriteOutcome> {
+        self.write_with(entity, grant, |_| Some(batch.clone()))
+    }
+
+    /// Like [`Fence::write`], but `plan` builds the batch on each attempt from what the fence
+    /// found (the lease epoch the write will commit under), or declines with `None`, in which
+    /// case no lease state is written.
+    pub fn write_with(
+        &self,
+        entity: &EntityId,
+        grant: u64,
+        plan: impl FnMut(&WritePlan) -> Option<Batch>,
+    ) -> Result<WriteOutcome> {
+        write_under(&[FenceGrant { fence: self, grant }], entity, plan)
+    }
+}
+
+/// A write guarded by several fences at once (SPEC F10: the epoch fence and the authority
+/// fence), for the layer above that composes them. Every fence must share one store; the
+/// entity batch carries each fence's guards, then the caller's.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use portcullis::{EntityId, ManualClock, store::{Batch, MemoryStore}, fence::*};
+/// let clock = Arc::new(ManualClock::new(0));
+/// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+/// let epochs = Fence::new(store.clone(), clock.clone(), FenceConfig::default());
+/// let authority = Fence::with_kind(store, clock, FenceConfig::default(), FenceKind::Authority);
+/// let e = EntityId::new("ns", "e1").unwrap();
+/// let grants = [FenceGrant { fence: &epochs, grant: 0 }, FenceGrant { fence: &authority, grant: 0 }];
+/// let outcome = write_under(&grants, &e, |plan| {
+///     assert_eq!(plan.epochs, vec![0, 0]);
+///     Some(Batch::new().put(b"k".to_vec(), b"v".to_vec()))
+/// }).unwrap();
+/// assert!(matches!(outcome, WriteOutcome::Committed { .. }));
+/// ```
+pub fn write_under(
+    fences: &[FenceGrant<'_>],
+    entity: &EntityId,
+    mut plan: impl FnMut(&WritePlan) -> Option<Batch>,
+) -> Result<WriteOutcome> {
+    if fences.is_empty() {
+        return Err(Error::invalid("a fenced write needs at least one fence"));
+    }
+    for attempt in 0..MAX_WRITE_ATTEMPTS {
+        match plan_attempt(fences, entity, attempt, &mut plan)? {
+            Attempt::Declined => return Ok(WriteOutcome::Declined),
+            Attempt::LostRace => {
+                log::debug!("renewal for {entity} lost a race; re-planning");
+            }
+            Attempt::Ready(planned) => {
+                if let Some(outcome) = planned.apply()? {
+                    return Ok(outcome);
+                }
+            }
+        }
+    }
+    Err(Error::Unavailable {
+        reason: format!(
+            "the lease of {entity} kept changing or expiring; {MAX_WRITE_ATTEMPTS} attempts failed"
+        ),
+        retry_after_ms: 10,
+    })
+}
+
+impl Fence {
+    /// Whether a lease may still be used at `now`: present, and
+    /// `expires_at_ms - lease_margin_ms - now >= min_lease_budget_ms` (SPEC F2).
+    pub(crate) fn usable(&self, lease: &LeaseRow, now: u64) -> bool {
+        let c = &self.inner.config;
+        i128::from(lease.expires_at_ms) - i128::from(c.lease_margin_ms()) - i128::from(now)
+            >= i128::from(c.min_lease_budget_ms())
+    }
+
+    /// Test-only: plans one attempt of a write (committing a renewal's leased-shard row if one
+    /// is needed) without applying it. `None` if the renewal lost a race.
+    #[doc(hidden)]
+    pub fn plan_write_once(
+        &self,
+        entity: &EntityId,
+        grant: u64,
+        batch: Batch,
+    ) -> Result<Option<PlannedWrite>> {
+        let fences = [FenceGrant { fence: self, grant }];
+        match plan_attempt(&fences, entity, 0, &mut |_| Some(batch.clone()))? {
+            Attempt::Ready(planned) => Ok(Some(planned)),
+            Attempt::LostRace | Attempt::Declined => Ok(None),
+        }
+    }
+
+    /// Reads the entity's lease and, if it is not usable, the coordinator once, and decides
+    /// what the attempt must commit. Writes nothing.
+    fn prepare(&self, entity: &EntityId, grant: u64) -> Result<Prepared> {
+        let c = self.inner.config;
+        let keys = &self.inner.keys;
+        let now = self.now();
+        let lease_raw = self.inner.store.get(&entity.partition(), keys.lease())?;
+        let lease: Option<LeaseRow> = rows::decode_opt("lease row", lease_raw.as_deref())?;
+        let apply_window_end = now.saturating_add(c.max_apply_window_ms());
+
+        if let Some(lease) = lease {
+            if grant < lease.epoch {
+                // SPEC F3: a grant older than the lease's epoch is fenced, usable or not.
+                return Err(Error::Fenced {
+                    grant,
+                    current: lease.epoch,
+                });
+            }
+            if grant == lease.epoch && self.usable(&lease, now) {
+                return Ok(Prepared {
+                    lease_raw,
+                    lease_epoch: lease.epoch,
+                    renewal: None,
+                    deadline_ms: (lease.expires_at_ms - c.lease_margin_ms()).min(apply_window_end),
+                    plan_time_ms: now,
+                });
+            }
+        }
+
+        // SPEC F2: renew. Read the coordinator once: the epoch and this entity's row.
+        let coordinator = entity.namespace().coordinator_partition();
+        let (current_key, shard_key) = (keys.current(), keys.shard(entity));
+        let read = self
+            .inner
+            .store
+            .get_many(&coordinator, &[&current_key, &shard_key])?;
+        let current = rows::decode_epoch(read[0].as_deref())?;
+        let row: Option<ShardRow> = rows::decode_opt("leased-shard row", read[1].as_deref())?;
+        if grant < current {
+            return Err(Error::Fenced { grant, current });
+        }
+        if grant > current {
+            return Err(Error::invalid(format!(
+                "the grant epoch {grant} is ahead of the {:?} of {} ({current}); use current_epoch",
+                self.inner.kind,
+                entity.namespace()
+            )));
+        }
+        let live_row = row.filter(|r| now < r.expires_at_ms);
+        let expires_at_ms = live_row
+            .map_or(0, |r| r.expires_at_ms)
+            .max(now.saturating_add(c.epoch_lease_ms()));
+        let grant_id = self.next_grant_id();
+        let new_row = ShardRow {
+            epoch: current,
+            expires_at_ms,
+            // A live row keeps its acknowledgement: the entity may still hold an older lease
+            // until this renewal's entity batch commits. An absent or expired row's lease is
+            // past its deadline, so the entity is safely at the current epoch.
+            acked_epoch: live_row.map_or(current, |r| r.acked_epoch),
+            grant_id,
+        };
+        let mut reservation = guard_as_read(Batch::new(), &current_key, read[0].as_deref());
+        reservation = guard_as_read(reservation, &shard_key, read[1].as_deref());
+        reservation = reservation.put(shard_key, rows::encode(&new_row));
+        let new_lease = LeaseRow {
+            epoch: current,
+            expires_at_ms,
+            grant_id,
+        };
+        Ok(Prepared {
+            lease_raw,
+            lease_epoch: current,
+            renewal: Some((reservation, new_lease)),
+            deadline_ms: expires_at_ms
+                .saturating_sub(c.lease_margin_ms())
+                .min(apply_window_end),
+            plan_time_ms: now,
+        })
+    }
+
+    /// The guards (and, for a renewal, the lease write) this fence adds to the entity batch.
+    fn add_fence_guards(&self, batch: Batch, p: &Prepared) -> Batch {
+        let switches = self.switches();
+        let lease_key = self.inner.keys.lease();
+        let mut batch = batch;
+        if !switches.drop_lease_guard {
+            batch = guard_as_read(batch, lease_key, p.lease_raw.as_deref());
+        }
+        if !switches.drop_deadline {
+            batch = batch.not_after(p.deadline_ms);
+        }
+        if let Some((_, lease)) = &p.renewal {
+            batch = batch.put(lease_key.to_vec(), rows::encode(lease));
+        }
+        batch
+    }
+
+    /// The caller may not touch the fence's own lease row.
+    fn refuse_reserved_keys(&self, user: &Batch) -> Result<()> {
+        let lease_key = self.inner.keys.lease();
+        let touches = user.ops().iter().any(|op| match op {
+            Op::Put(k, _) | Op::Delete(k) => k.as_slice() == lease_key,
+            Op::DeleteRange(r) => r.contains(lease_key),
+        });
+        if touches {
+            return Err(Error::invalid(
+                "a fenced write may not touch the fence's lease row",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,262 @@
+//! SPEC F7 as a property over random interleavings, driving the real implementation (not a
+//! model): planned writes, renewals, bumps, pushes and acknowledgements as separate steps,
+//! applies, revocation slices, sweeps, clock advances and store-clock skew. Checked: once a
+//! slice reports `Complete` for epoch n, no write planned under an epoch below n commits, and
+//! no entity's lease is still usable below n.
+//!
+//! Negative controls run the same checker with one thing broken and must find a violation:
+//! skew beyond the margin, acknowledging before pushing, and the lease guard removed.
+
+mod fence_support;
+
+use fence_support::*;
+use portcullis::Error;
+use portcullis::fence::{
+    FenceConfig, GuardSwitches, PendingAck, PlannedWrite, RevokeBudget, RevokeProgress,
+    WriteOutcome,
+};
+use portcullis::store::Batch;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+const ENTITIES: usize = 2;
+
+#[derive(Clone, Debug)]
+enum Step {
+    /// Plan a write under the current epoch minus `lag`, and hold it before apply.
+    PlanWrite { entity: usize, lag: u64 },
+    /// Apply one held write.
+    Apply { slot: usize },
+    /// A complete write under the current epoch (renews the lease when needed).
+    Renew { entity: usize },
+    /// Advance the epoch by one.
+    Bump,
+    /// The push half of a revocation for one entity, acknowledgement held.
+    Push { entity: usize },
+    /// Acknowledge one held push.
+    Acknowledge { slot: usize },
+    /// One whole revocation slice.
+    Revoke,
+    /// One sweep step.
+    Sweep,
+    /// Advance both clocks.
+    Advance { ms: u64 },
+    /// Set the store clock's skew against the planner's.
+    Skew { ms: i64 },
+}
+
+fn step(max_skew: i64) -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0..ENTITIES, 0..2u64).prop_map(|(entity, lag)| Step::PlanWrite { entity, lag }),
+        3 => any::<usize>().prop_map(|slot| Step::Apply { slot }),
+        2 => (0..ENTITIES).prop_map(|entity| Step::Renew { entity }),
+        2 => Just(Step::Bump),
+        2 => (0..ENTITIES).prop_map(|entity| Step::Push { entity }),
+        2 => any::<usize>().prop_map(|slot| Step::Acknowledge { slot }),
+        3 => Just(Step::Revoke),
+        1 => Just(Step::Sweep),
+        3 => (0..12_000u64).prop_map(|ms| Step::Advance { ms }),
+        1 => (-max_skew..=max_skew).prop_map(|ms| Step::Skew { ms }),
+    ]
+}
+
+fn schedules(max_skew: i64) -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(step(max_skew), 1..40)
+}
+
+fn put(n: usize) -> Batch {
+    Batch::new().put(format!("w{n}").into_bytes(), b"v".to_vec())
+}
+
+/// Only these refusals are expected along the way; anything else fails the case.
+fn expected(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::Fenced { .. } | Error::Unavailable { .. } | Error::InvalidArgument(_)
+    )
+}
+
+/// Runs one schedule against the real fence on every backend; `Err` describes a violation.
+fn run(steps: &[Step], switches: GuardSwitches) -> Result<(), TestCaseError> {
+    for (name, factory) in backends() {
+        let env = Env::new(name, factory, FenceConfig::default());
+        env.fence.set_guard_switches(switches);
+        run_on(&env, steps)?;
+    }
+    Ok(())
+}
+
+fn run_on(env: &Env, steps: &[Step]) -> Result<(), TestCaseError> {
+    let ns = env.ns();
+    let entities: Vec<_> = (0..ENTITIES)
+        .map(|i| env.entity(&format!("e{i}")))
+        .collect();
+    let mut held_writes: Vec<(PlannedWrite, u64)> = Vec::new();
+    let mut held_acks: Vec<PendingAck> = Vec::new();
+    let mut completed = 0u64; // the highest epoch a slice reported Complete for
+    let mut writes = 0usize;
+    let unexpected = |what: &str, e: Error| TestCaseError::fail(format!("{what}: unexpected {e}"));
+    let check_commit = |grant: u64, completed: u64, what: &str| {
+        if grant < completed {
+            Err(TestCaseError::fail(format!(
+                "F7 violated: {what} planned under epoch {grant} committed after Complete for {completed}"
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    for step in steps {
+        match *step {
+            Step::PlanWrite { entity, lag } => {
+                let current = env.fence.current_epoch(&ns).unwrap();
+                let grant = current.saturating_sub(lag);
+                writes += 1;
+                match env
+                    .fence
+                    .plan_write_once(&entities[entity], grant, put(writes))
+                {
+                    Ok(Some(planned)) => held_writes.push((planned, grant)),
+                    Ok(None) => {}
+                    Err(e) if expected(&e) => {}
+                    Err(e) => return Err(unexpected("plan", e)),
+                }
+            }
+            Step::Apply { slot } => {
+                if held_writes.is_empty() {
+                    continue;
+                }
+                let (planned, grant) = held_writes.remove(slot % held_writes.len());
+                match planned.apply() {
+                    Ok(Some(WriteOutcome::Committed { .. })) => {
+                        check_commit(grant, completed, "a held write")?
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Err(unexpected("apply", e)),
+                }
+            }
+            Step::Renew { entity } => {
+                let grant = env.fence.current_epoch(&ns).unwrap();
+                writes += 1;
+                match env.fence.write(&entities[entity], grant, put(writes)) {
+                    Ok(WriteOutcome::Committed { .. }) => {
+                        check_commit(grant, completed, "a write")?
+                    }
+                    Ok(_) => {}
+                    Err(e) if expected(&e) => {}
+                    Err(e) => return Err(unexpected("write", e)),
+                }
+            }
+            Step::Bump => {
+                env.fence.advance_epoch(&ns, 1).unwrap();
+            }
+            Step::Push { entity } => {
+                if let Some(pending) = env.fence.push_without_ack(&entities[entity]).unwrap() {
+                    held_acks.push(pending);
+                }
+            }
+            Step::Acknowledge { slot } => {
+                if held_acks.is_empty() {
+                    continue;
+                }
+                let pending = held_acks.remove(slot % held_acks.len());
+                let _ = env.fence.acknowledge_pushed(&pending).unwrap();
+            }
+            Step::Revoke => {
+                let progress = env.fence.revoke_step(&ns, RevokeBudget::default()).unwrap();
+                if progress == RevokeProgress::Complete {
+                    let epoch = env.fence.current_epoch(&ns).unwrap();
+                    completed = completed.max(epoch);
+                    for e in &entities {
+                        if env.lease_usable_below(e, epoch) {
+                            return Err(TestCaseError::fail(format!(
+                                "F7 violated: Complete for {epoch} while {e}'s lease {:?} is usable",
+                                env.lease(e)
+                            )));
+                        }
+                    }
+                }
+            }
+            Step::Sweep => {
+                env.fence.sweep_step(&ns).unwrap();
+            }
+            Step::Advance { ms } => env.clock.advance(ms),
+            Step::Skew { ms } => env.skew_store_clock(ms),
+        }
+    }
+    Ok(())
+}
+
+fn runner(cases: u32) -> TestRunner {
+    TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    })
+}
+
+/// The largest skew the safe lanes use: strictly below the margin (SPEC F header).
+const SAFE_SKEW: i64 = 4_999;
+
+fn safe_lane(cases: u32) {
+    let result = runner(cases).run(&schedules(SAFE_SKEW), |steps| {
+        run(&steps, GuardSwitches::default())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn f7_no_write_planned_under_an_older_epoch_commits_after_complete() {
+    safe_lane(1_000);
+}
+
+#[test]
+#[ignore = "long lane: 100,000 cases"]
+fn f7_long_lane() {
+    safe_lane(100_000);
+}
+
+/// A negative control: with `switches` (or an unsafe skew), the checker must find a violation.
+fn must_find_violation(max_skew: i64, switches: GuardSwitches) {
+    let mut runner = TestRunner::new(Config {
+        cases: 20_000,
+        failure_persistence: None,
+        max_shrink_iters: 0,
+        ..Config::default()
+    });
+    let result = runner.run(&schedules(max_skew), |steps| run(&steps, switches));
+    match result {
+        Err(proptest::test_runner::TestError::Fail(reason, _)) => {
+            assert!(reason.to_string().contains("F7 violated"), "{reason}");
+        }
+        other => panic!("the checker found no violation: {other:?}"),
+    }
+}
+
+#[test]
+fn negative_control_skew_beyond_the_margin_is_caught() {
+    must_find_violation(20_000, GuardSwitches::default());
+}
+
+#[test]
+fn negative_control_acknowledge_before_push_is_caught() {
+    must_find_violation(
+        SAFE_SKEW,
+        GuardSwitches {
+            ack_before_push: true,
+            ..GuardSwitches::default()
+        },
+    );
+}
+
+#[test]
+fn negative_control_removed_lease_guard_is_caught() {
+    must_find_violation(
+        SAFE_SKEW,
+        GuardSwitches {
+            drop_lease_guard: true,
+            ..GuardSwitches::default()
+        },
+    );
+}
