@@ -178,3 +178,56 @@ fn e2_the_file_store_is_the_default_and_survives_a_reopen() {
     assert_eq!(payloads(&engine, &e).unwrap(), vec![b"durable".to_vec()]);
     engine.close().unwrap();
 }
+
+#[test]
+fn f3_engine_writes_commit_under_the_grant_epoch_and_stale_grants_are_fenced() {
+    use portcullis::fence::{RevokeBudget, RevokeProgress};
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).open().unwrap();
+    let e = entity(1);
+    let ns = e.namespace().clone();
+    engine.register(&e).unwrap();
+    let grant = engine.current_epoch(&ns).unwrap();
+    assert_eq!(
+        engine.append(&e, grant, vec![b"a".to_vec()]).unwrap(),
+        1..=1
+    );
+    engine.bump_epoch(&ns, grant + 1).unwrap();
+    let mut slices = 0;
+    while engine.revoke_step(&ns, RevokeBudget::default()).unwrap() != RevokeProgress::Complete {
+        slices += 1;
+        assert!(slices < 100, "revocation did not complete");
+    }
+    // Planned under the old epoch: refused, nothing written, the state untouched.
+    let err = engine
+        .append(&e, grant, vec![b"stale".to_vec()])
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Fenced {
+                grant: 0,
+                current: 1
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(payloads(&engine, &e).unwrap(), vec![b"a".to_vec()]);
+    assert_eq!(
+        log::read_head(&*store, &e.partition())
+            .unwrap()
+            .head
+            .next_seq,
+        2
+    );
+    // Under the current epoch the entity keeps going, with no gap in its log.
+    assert_eq!(
+        engine.append(&e, grant + 1, vec![b"b".to_vec()]).unwrap(),
+        2..=2
+    );
+    assert_eq!(
+        payloads(&engine, &e).unwrap(),
+        vec![b"a".to_vec(), b"b".to_vec()]
+    );
+}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::Engine;
 use crate::clock::{SharedClock, SystemClock};
 use crate::error::{Error, Result};
+use crate::fence::FenceConfig;
 use crate::restore::{Metrics, StateMachine};
 use crate::store::{FileStore, Store};
 
@@ -51,6 +52,7 @@ pub struct EngineBuilder<M: StateMachine> {
     pub(crate) truncate_after_checkpoint: bool,
     pub(crate) warm_on_open: bool,
     pub(crate) metrics: Option<Arc<dyn Metrics>>,
+    pub(crate) fence: FenceConfig,
 }
 
 impl<M: StateMachine> EngineBuilder<M> {
@@ -66,6 +68,7 @@ impl<M: StateMachine> EngineBuilder<M> {
             truncate_after_checkpoint: false,
             warm_on_open: false,
             metrics: None,
+            fence: FenceConfig::default(),
         }
     }
 
@@ -120,6 +123,13 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// Whether opening starts a background warm at once (SPEC R6). Default: false.
     pub fn warm_on_open(mut self, warm: bool) -> Self {
         self.warm_on_open = warm;
+        self
+    }
+
+    /// Epoch fencing parameters (SPEC F). Default: [`FenceConfig::default`] (30 s leases,
+    /// 5 s margin).
+    pub fn fence_config(mut self, config: FenceConfig) -> Self {
+        self.fence = config;
         self
     }
 

@@ -1,14 +1,15 @@
 //! The public blocking API (SPEC E2): configuration, the rayon pool, the clock and telemetry,
-//! over [`crate::restore`] and, for writes, epoch fencing through a named seam.
+//! over [`crate::restore`] and, for writes, epoch fencing ([`crate::fence`]).
 //!
-//! Owns: [`Engine`] (open, register, read, write, defer, checkpoint, warm, release, stats,
-//! close), its [`EngineBuilder`], the incarnation rows in the reserved system partition
-//! `s/engine`, and the write path. Calls restore, log and the fence seam; never the other way.
+//! Owns: [`Engine`] (open, register, read, write, defer, checkpoint, warm, release, bump,
+//! revoke, mark recovered, stats, close), its [`EngineBuilder`], the incarnation rows in the
+//! reserved system partition `s/engine`, and the write path. Calls restore, log and fence;
+//! never the other way.
 //!
 //! Handles are `Send + Sync` and cheap to clone: clones share one engine.
 
 mod config;
-mod fence_seam;
+mod fencing;
 mod incarnation;
 mod stats;
 mod write;
@@ -24,12 +25,12 @@ pub use write::{Deferred, Written};
 use crate::clock::SharedClock;
 use crate::entity::EntityId;
 use crate::error::{Error, Result};
+use crate::fence::Fence;
 use crate::log::{self, Guarded};
 use crate::restore::{
     self, Containment, ReasonKind, RestoreConfig, Restorer, StateMachine, Touched, Warm,
 };
 use crate::store::Store;
-use fence_seam::{Unfenced, WriteFence};
 use incarnation::Incarnation;
 
 /// An open engine: many durable entities over one store, each restored lazily on first touch.
@@ -55,7 +56,8 @@ struct Inner<M: StateMachine> {
     incarnation: Incarnation,
     warm_parallelism: usize,
     truncate_after_checkpoint: bool,
-    fence: Box<dyn WriteFence>,
+    /// The epoch fence every write commits through (SPEC F2, F3).
+    fence: Fence,
     /// `true` while open. Calls hold it shared (recursively, so code inside a restore unit can
     /// call back in); close takes it exclusively, so in-flight calls finish first.
     open: RwLock<bool>,
@@ -70,6 +72,7 @@ impl<M: StateMachine> Engine<M> {
 
     fn open_with(config: EngineBuilder<M>) -> Result<Self> {
         let store = config.store.expect("checked by the builder");
+        let store_for_fence = Arc::clone(&store);
         let incarnation = incarnation::begin(&*store)?;
         let restore_config = RestoreConfig {
             checkpoint_tail_bound: config.checkpoint_tail_bound,
@@ -97,11 +100,15 @@ impl<M: StateMachine> Engine<M> {
                 restorer,
                 store,
                 pool,
-                clock: config.clock,
+                clock: Arc::clone(&config.clock),
                 incarnation,
                 warm_parallelism: config.warm_parallelism,
                 truncate_after_checkpoint: config.truncate_after_checkpoint,
-                fence: Box::new(Unfenced),
+                fence: Fence::new(
+                    Arc::clone(&store_for_fence),
+                    Arc::clone(&config.clock),
+                    config.fence,
+                ),
                 open: RwLock::new(true),
                 warm: Mutex::new(None),
             }),

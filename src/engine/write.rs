@@ -1,15 +1,16 @@
 //! The write path: records decided against the current state, appended through the log in one
-//! batch with the fencing guards, then folded into the state (SPEC L1, R8, F3 via the seam).
+//! batch behind the fence's lease guards, then folded into the state (SPEC L1, R8, F2, F3).
 
 use std::ops::RangeInclusive;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::Engine;
-use super::fence_seam::MAX_REPLANS;
 use crate::entity::EntityId;
 use crate::error::{Error, Result};
+use crate::fence::WriteOutcome;
 use crate::log::{self, Guarded, MAX_RECORD_BYTES};
 use crate::restore::{Containment, Deferral, ReasonKind, StateMachine};
+use crate::store::Batch;
 
 /// What a write did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,8 +66,9 @@ impl<M: StateMachine> Engine<M> {
     /// guards for `grant_epoch`, then folded into the state. Writes to one entity are
     /// serialised; writes to different entities run in parallel.
     ///
-    /// Fencing: `grant_epoch` goes to the engine's write fence. Until the fencing subsystem is
-    /// wired in, that fence is a seam that adds no guards (see the crate's changelog).
+    /// Fencing (SPEC F2, F3): the batch commits only under a usable lease of the entity's
+    /// namespace, guarded on that lease as read and on a deadline; a `grant_epoch` older than
+    /// the lease's epoch is refused with [`Error::Fenced`] and nothing is written.
     pub fn write<T>(
         &self,
         entity: &EntityId,
@@ -76,8 +78,6 @@ impl<M: StateMachine> Engine<M> {
         let _open = self.enter()?;
         let slot = self.touch(entity)?;
         let mut decide = Some(decide);
-        let p = entity.partition();
-        let store = &*self.inner.store;
         let restorer = &self.inner.restorer;
         self.with_loaded(&slot, |loaded| {
             let decide = decide.take().expect("called once");
@@ -86,26 +86,24 @@ impl<M: StateMachine> Engine<M> {
                 return Ok(Written { seqs: None, value });
             }
             self.check_records(&records)?;
-            let mut replans = 0;
-            let appended = loop {
-                let fencing = self.inner.fence.plan(store, entity, grant_epoch)?;
-                match log::append_at(store, &p, &loaded.head, &records, fencing)? {
-                    Guarded::Committed(appended) => break appended,
-                    Guarded::Refused(outcome) if replans < MAX_REPLANS => {
-                        ::log::debug!("{entity}: write fence refused ({outcome:?}); re-planning");
-                        replans += 1;
-                    }
-                    Guarded::Refused(outcome) => {
-                        return Err(Error::Unavailable {
-                            reason: format!(
-                                "the write to {entity} kept failing its fencing guards ({outcome:?})"
-                            ),
-                            retry_after_ms: 50,
-                        });
-                    }
-                    moved @ Guarded::HeadMoved => {
-                        return Err(self.log_moved(&slot, "write", &moved));
-                    }
+            // The log batch, planned once after the head the state was folded to; the fence puts
+            // its lease guard and deadline in front of it, renews the lease if needed and
+            // re-plans a bounded number of times (SPEC F2, F3).
+            let prepared = log::prepare_append(&loaded.head, &records, Batch::new())?;
+            let outcome = self
+                .inner
+                .fence
+                .write_with(entity, grant_epoch, |_| Some(prepared.batch.clone()))?;
+            let appended = match outcome {
+                WriteOutcome::Committed { .. } => prepared.appended,
+                WriteOutcome::PreconditionFailed { index: 0 } => {
+                    return Err(self.log_moved(&slot, "write", &Guarded::<()>::HeadMoved));
+                }
+                other => {
+                    return Err(Error::Unavailable {
+                        reason: format!("the write to {entity} did not commit ({other:?})"),
+                        retry_after_ms: 10,
+                    });
                 }
             };
             loaded.head = appended.head.clone();
@@ -122,9 +120,10 @@ impl<M: StateMachine> Engine<M> {
                         ReasonKind::ApplyRefusal,
                         format!("record {seq} was appended but apply refused it: {r}"),
                     ),
-                    Err(payload) => {
-                        Containment::from_panic(&format!("apply of written record {seq}"), &*payload)
-                    }
+                    Err(payload) => Containment::from_panic(
+                        &format!("apply of written record {seq}"),
+                        &*payload,
+                    ),
                 };
                 // The record is durable but the state could not fold it: the state can no
                 // longer be trusted, and a restore would meet the same record.

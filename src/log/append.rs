@@ -70,17 +70,29 @@ pub fn append<R: AsRef<[u8]>>(
     })
 }
 
-/// Appends `records` after the head `at`, guarded on that head exactly as read (SPEC L1).
+/// An append planned but not applied: the batch to commit and what it will have done.
 ///
-/// The batch holds, in order: the head guard, the caller's guards, one row per record, the new
-/// head, then the caller's operations. Returns [`Guarded::HeadMoved`] if the head changed.
-pub fn append_at<R: AsRef<[u8]>>(
-    store: &dyn Store,
-    p: &Partition,
+/// For callers that commit through another layer that adds its own guards in front (the fenced
+/// write path): the head guard is the first guard of `batch`, so a failure at index 0 of this
+/// batch means the head moved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparedAppend {
+    /// The batch: the head guard, the caller's guards, the records, the new head, the caller's
+    /// operations.
+    pub batch: Batch,
+    /// The result once `batch` has committed.
+    pub appended: Appended,
+}
+
+/// Plans an append of `records` after the head `at` without applying it (SPEC L1).
+///
+/// Checks every record's size and refuses extra guards or operations on the log's own rows,
+/// so nothing oversize or malformed ever reaches the store.
+pub fn prepare_append<R: AsRef<[u8]>>(
     at: &HeadSnapshot,
     records: &[R],
     extra: Batch,
-) -> Result<Guarded<Appended>> {
+) -> Result<PreparedAppend> {
     check_extra(&extra)?;
     let mut head = at.head;
     let first_seq = head.next_seq;
@@ -106,20 +118,36 @@ pub fn append_at<R: AsRef<[u8]>>(
     for op in extra.ops() {
         batch = batch.op(op.clone());
     }
-    match store.apply(p, &batch)? {
-        Outcome::Committed => Ok(Guarded::Committed(Appended {
+    Ok(PreparedAppend {
+        batch,
+        appended: Appended {
             first_seq,
             last_seq: head.next_seq - 1,
             head: HeadSnapshot::written(head),
-        })),
-        Outcome::PreconditionFailed { index: 0 } => Ok(Guarded::HeadMoved),
+        },
+    })
+}
+
+/// Appends `records` after the head `at`, guarded on that head exactly as read (SPEC L1).
+///
+/// The batch holds, in order: the head guard, the caller's guards, one row per record, the new
+/// head, then the caller's operations. Returns [`Guarded::HeadMoved`] if the head changed.
+pub fn append_at<R: AsRef<[u8]>>(
+    store: &dyn Store,
+    p: &Partition,
+    at: &HeadSnapshot,
+    records: &[R],
+    extra: Batch,
+) -> Result<Guarded<Appended>> {
+    let prepared = prepare_append(at, records, extra)?;
+    Ok(match store.apply(p, &prepared.batch)? {
+        Outcome::Committed => Guarded::Committed(prepared.appended),
+        Outcome::PreconditionFailed { index: 0 } => Guarded::HeadMoved,
         Outcome::PreconditionFailed { index } => {
-            Ok(Guarded::Refused(Outcome::PreconditionFailed {
-                index: index - 1,
-            }))
+            Guarded::Refused(Outcome::PreconditionFailed { index: index - 1 })
         }
-        refused @ Outcome::DeadlinePassed { .. } => Ok(Guarded::Refused(refused)),
-    }
+        refused @ Outcome::DeadlinePassed { .. } => Guarded::Refused(refused),
+    })
 }
 
 /// Refuses caller operations or guards that would touch the log's own rows.

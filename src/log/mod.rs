@@ -36,7 +36,9 @@ pub mod keys;
 mod read;
 mod truncate;
 
-pub use append::{Appended, Guarded, MAX_RECORD_BYTES, append, append_at};
+pub use append::{
+    Appended, Guarded, MAX_RECORD_BYTES, PreparedAppend, append, append_at, prepare_append,
+};
 pub use checkpoint::{
     Checkpoint, CheckpointMark, load_restore_point, verify_checkpoint_against_history,
     write_checkpoint,
