@@ -230,6 +230,23 @@ fn killed_engines_lose_no_acknowledged_work_and_repair_once() {
             "{what}: incarnations must grow"
         );
     }
+    // Negative control: the checker must catch a record applied twice.
+    let store = FileStore::open(dir.path()).unwrap();
+    let (i, records) = acked.iter().find(|(_, r)| !r.is_empty()).unwrap();
+    let dup = records[0].clone().into_bytes();
+    portcullis::log::append(
+        &store,
+        &entity(*i).partition(),
+        &[dup],
+        portcullis::store::Batch::new(),
+    )
+    .unwrap()
+    .committed()
+    .unwrap();
+    store.close().unwrap();
+    drop(store);
+    let caught = std::panic::catch_unwind(|| check(dir.path(), &acked, "negative control"));
+    assert!(caught.is_err(), "the checker missed a duplicated record");
     let total: usize = acked.values().map(Vec::len).sum();
     eprintln!("{ROUNDS} engine kill rounds: {total} acknowledged records checked");
     assert!(total > 0);

@@ -353,16 +353,25 @@ impl<M: StateMachine> Engine<M> {
     /// Stops and drains any warm, records a clean shutdown, and closes the store. Later calls
     /// answer [`Error::Closed`]; closing twice is harmless.
     pub fn close(&self) -> Result<()> {
-        if let Some(warm) = self.current_warm() {
-            warm.stop();
-            warm.wait();
-        }
+        self.stop_warm();
         let mut open = self.inner.open.write();
         if !*open {
             return Ok(());
         }
         *open = false;
+        // Not held while draining: a unit run by the warm may call back into the engine, and
+        // must get `Closed` rather than block on this lock.
+        drop(open);
+        // A warm started by a call that was in flight when close began.
+        self.stop_warm();
         incarnation::end_clean(&*self.inner.store, &self.inner.incarnation)?;
         self.inner.store.close()
+    }
+
+    fn stop_warm(&self) {
+        if let Some(warm) = self.current_warm() {
+            warm.stop();
+            warm.wait();
+        }
     }
 }
