@@ -6,7 +6,7 @@
 //! 1. a crash-safe, file-backed, append-only store of partitions with atomic guarded batches and
 //!    paged scans ([`store`]);
 //! 2. lazy restore: opening reads no history, and each entity restores on first touch, exactly
-//!    once;
+//!    once ([`engine::Engine`] over [`restore`] and [`log`]);
 //! 3. epoch fencing: once revocation reports complete, no write planned under an older epoch
 //!    commits.
 //!
@@ -18,14 +18,19 @@
 #![deny(missing_docs)]
 
 pub mod clock;
+pub mod engine;
 pub mod entity;
 pub mod error;
 pub mod fence;
+pub mod log;
+pub mod restore;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use engine::{Engine, EngineBuilder};
 pub use entity::{EntityId, Namespace};
 pub use error::{Error, Result};
+pub use restore::{Rejection, StateMachine};
 
 /// The README's usage example, compiled and run as a doctest.
 #[doc = include_str!("../README.md")]

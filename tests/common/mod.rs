@@ -1,10 +1,13 @@
-//! Shared by the crash tests: a deterministic workload of guarded batches whose every batch is
-//! recognisable after a crash, the model of what each prefix of it leaves, and a checker.
+//! Shared by the integration tests: store backends and an engine test kit, and for the crash
+//! tests a deterministic workload of guarded batches whose every batch is recognisable after a
+//! crash, the model of what each prefix of it leaves, and a checker.
 //!
 //! Each test binary uses a different part of this module, hence the allowance below.
 #![allow(dead_code)]
 
+pub mod backends;
 pub mod check;
+pub mod engine;
 pub mod layout;
 pub mod logs;
 pub mod rng;

@@ -74,6 +74,8 @@ pub(super) fn spawn(inner: &Arc<Inner>) {
 
 pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
     let _one_at_a_time = inner.compaction_lock.lock();
+    // Close waits for this lock; a compaction must not start on a closed store.
+    inner.check_open()?;
     inner.journal.drop_retired();
     let tail = inner.journal.tail_segment();
     let victims: Vec<u32> = inner

@@ -77,6 +77,8 @@ struct State {
     dirty: Vec<u32>,
     leader_active: bool,
     failed: Option<String>,
+    /// Set at close: no record may be appended after the final snapshot.
+    sealed: bool,
 }
 
 /// Counters of the journal.
@@ -183,6 +185,7 @@ impl Journal {
                 dirty: Vec::new(),
                 leader_active: false,
                 failed: None,
+                sealed: false,
             }),
             durable: Condvar::new(),
             intents: AtomicUsize::new(0),
@@ -235,6 +238,9 @@ impl Journal {
         }
         if let Some(reason) = &st.failed {
             return Err(Error::SyncFailed(reason.clone()));
+        }
+        if st.sealed {
+            return Err(Error::Closed);
         }
         if st.tail_offset + record_len > self.segment_bytes && st.tail_offset > SEGMENT_HEADER_LEN {
             st.tail_segment += 1;
@@ -486,6 +492,11 @@ impl Journal {
             return Err(damaged("record body failed its checksum"));
         }
         Ok((frame, body))
+    }
+
+    /// Refuses every later append with `Closed`; what was appended before can still be synced.
+    pub fn seal(&self) {
+        self.state.lock().sealed = true;
     }
 
     /// The segment appends currently go to.

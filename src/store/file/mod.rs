@@ -173,6 +173,13 @@ struct Slot {
     state: Option<Arc<PartState>>,
 }
 
+struct SnapshotState {
+    /// The file the manifest names.
+    newest: Option<String>,
+    /// Set by close after the final snapshot: nothing may write to the directory after it.
+    finished: bool,
+}
+
 struct Inner {
     config: FileStoreBuilder,
     journal: Arc<Journal>,
@@ -182,7 +189,7 @@ struct Inner {
     lock: Mutex<Option<Box<dyn VfsLock>>>,
     report: OpenReport,
     /// Serialises snapshot writers and remembers the newest snapshot's name.
-    snapshot: Mutex<Option<String>>,
+    snapshot: Mutex<SnapshotState>,
     snapshot_running: AtomicBool,
     bytes_at_last_snapshot: AtomicU64,
     compaction_running: AtomicBool,
@@ -192,7 +199,8 @@ struct Inner {
     compactions: AtomicU64,
     /// Estimated bytes of journal no longer reachable from any index.
     garbage_bytes: AtomicU64,
-    _syncer: Option<crossbeam::channel::Sender<()>>,
+    /// Dropping the sender stops the periodic sync thread.
+    syncer: Mutex<Option<crossbeam::channel::Sender<()>>>,
 }
 
 /// The file-backed store (SPEC S3-S8, S10). Cheap to clone; clones share the store.
@@ -354,7 +362,10 @@ impl FileStore {
             closed: AtomicBool::new(false),
             lock: Mutex::new(Some(lock)),
             report: OpenReport::default(),
-            snapshot: Mutex::new(snapshot_name),
+            snapshot: Mutex::new(SnapshotState {
+                newest: snapshot_name,
+                finished: false,
+            }),
             snapshot_running: AtomicBool::new(false),
             bytes_at_last_snapshot: AtomicU64::new(0),
             compaction_running: AtomicBool::new(false),
@@ -363,7 +374,7 @@ impl FileStore {
             loaded: AtomicU64::new(0),
             compactions: AtomicU64::new(0),
             garbage_bytes: AtomicU64::new(0),
-            _syncer: syncer,
+            syncer: Mutex::new(syncer),
         });
         if needs_snapshot {
             // A new store gets its manifest at once; a rebuilt one gets a snapshot, so the
@@ -611,7 +622,14 @@ impl Inner {
 
     /// Writes a heads snapshot at the current journal position, then points the manifest at it.
     fn write_snapshot(&self) -> Result<()> {
-        let mut newest = self.snapshot.lock();
+        let mut state = self.snapshot.lock();
+        if state.finished {
+            return Ok(());
+        }
+        self.write_snapshot_locked(&mut state)
+    }
+
+    fn write_snapshot_locked(&self, state: &mut SnapshotState) -> Result<()> {
         let bytes_before = self.journal.counters.bytes_appended.load(Ordering::Relaxed);
         let (segment, offset, next_lsn, heads) = self.journal.with_appends_paused(|| {
             let table = self.table.read();
@@ -648,7 +666,7 @@ impl Inner {
                 snapshot: Some(name.clone()),
             },
         )?;
-        if let Some(old) = newest.replace(name.clone())
+        if let Some(old) = state.newest.replace(name.clone())
             && old != name
         {
             // The manifest no longer names it; a failure here only leaves a stray file.
@@ -684,14 +702,23 @@ impl Inner {
         }
     }
 
+    /// Closes the store. After it returns nothing of this handle writes to the directory again,
+    /// so another process may open it: a running compaction is waited for, the journal is
+    /// sealed (commits racing the close fail with `Closed` or are in the final sync), a final
+    /// snapshot is written, and only then is the directory lock released.
     fn close(&self) -> Result<()> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        self.syncer.lock().take();
+        let _no_compaction = self.compaction_lock.lock();
+        let mut snapshot = self.snapshot.lock();
+        self.journal.seal();
         let result = match self.journal.failed() {
             Some(reason) => Err(Error::SyncFailed(reason)),
-            None => self.write_snapshot(),
+            None => self.write_snapshot_locked(&mut snapshot),
         };
+        snapshot.finished = true;
         self.lock.lock().take();
         log::info!("closed store {}", self.config.dir.display());
         result
@@ -857,7 +884,11 @@ impl Store for FileStore {
             let mut commit = state.commit.lock();
             inner.fold(&state, &mut commit);
             if durable.is_ok() {
-                inner.maybe_write_base(&state, &mut commit)?;
+                // A base only shortens future loads; failing to write one (say, the store is
+                // closing) must not turn a committed batch into an error.
+                if let Err(e) = inner.maybe_write_base(&state, &mut commit) {
+                    log::debug!("skipped a base record for {}: {e}", state.name);
+                }
             }
         }
         durable?;

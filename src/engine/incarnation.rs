@@ -1,0 +1,97 @@
+//! Incarnations: each open-to-close lifetime of a store gets the next number, recorded durably
+//! at open, and a clean shutdown is recorded at close. An open that finds the previous
+//! incarnation not marked clean knows it ended uncleanly, and restore runs the repair (SPEC R3).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::log::{decode_row, encode_row};
+use crate::store::{Batch, Outcome, Partition, Store};
+
+/// The reserved system partition the engine keeps its own rows in.
+pub(crate) const SYSTEM_PARTITION: &str = "s/engine";
+const INCARNATION_KEY: &[u8] = b"incarnation";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct IncarnationRow {
+    number: u64,
+    clean: bool,
+}
+
+/// This process's incarnation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Incarnation {
+    pub(crate) number: u64,
+    pub(crate) unclean_previous: Option<u64>,
+    written: Vec<u8>,
+}
+
+fn system_partition() -> Partition {
+    Partition::new(SYSTEM_PARTITION).expect("a valid partition name")
+}
+
+/// Records the next incarnation as running (not clean), guarded on the row as read.
+pub(crate) fn begin(store: &dyn Store) -> Result<Incarnation> {
+    let p = system_partition();
+    let raw = store.get(&p, INCARNATION_KEY)?;
+    let previous: Option<IncarnationRow> = match &raw {
+        Some(bytes) => Some(decode_row(&p, "incarnation", bytes)?),
+        None => None,
+    };
+    let number = previous.map_or(0, |r| r.number) + 1;
+    let unclean_previous = previous.filter(|r| !r.clean).map(|r| r.number);
+    let written = encode_row(&IncarnationRow {
+        number,
+        clean: false,
+    });
+    let guard = match raw {
+        Some(bytes) => Batch::new().equals(INCARNATION_KEY.to_vec(), bytes),
+        None => Batch::new().absent(INCARNATION_KEY.to_vec()),
+    };
+    let batch = guard.put(INCARNATION_KEY.to_vec(), written.clone());
+    match store.apply(&p, &batch)? {
+        Outcome::Committed => {}
+        other => {
+            return Err(Error::Unavailable {
+                reason: format!("another engine opened this store at the same time ({other:?})"),
+                retry_after_ms: 100,
+            });
+        }
+    }
+    match unclean_previous {
+        Some(prev) => ::log::warn!(
+            "incarnation {number} begins; incarnation {prev} ended without a clean shutdown, entities will be repaired as they restore"
+        ),
+        None => ::log::info!("incarnation {number} begins"),
+    }
+    Ok(Incarnation {
+        number,
+        unclean_previous,
+        written,
+    })
+}
+
+/// Records a clean shutdown of `incarnation`.
+pub(crate) fn end_clean(store: &dyn Store, incarnation: &Incarnation) -> Result<()> {
+    let p = system_partition();
+    let clean = encode_row(&IncarnationRow {
+        number: incarnation.number,
+        clean: true,
+    });
+    let batch = Batch::new()
+        .equals(INCARNATION_KEY.to_vec(), incarnation.written.clone())
+        .put(INCARNATION_KEY.to_vec(), clean);
+    match store.apply(&p, &batch)? {
+        Outcome::Committed => {
+            ::log::info!("incarnation {} closed cleanly", incarnation.number);
+            Ok(())
+        }
+        other => Err(Error::Unavailable {
+            reason: format!(
+                "the incarnation row changed under incarnation {} ({other:?}); not marked clean",
+                incarnation.number
+            ),
+            retry_after_ms: 0,
+        }),
+    }
+}

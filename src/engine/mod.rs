@@ -1,0 +1,377 @@
+//! The public blocking API (SPEC E2): configuration, the rayon pool, the clock and telemetry,
+//! over [`crate::restore`] and, for writes, epoch fencing ([`crate::fence`]).
+//!
+//! Owns: [`Engine`] (open, register, read, write, defer, checkpoint, warm, release, bump,
+//! revoke, mark recovered, stats, close), its [`EngineBuilder`], the incarnation rows in the
+//! reserved system partition `s/engine`, and the write path. Calls restore, log and fence;
+//! never the other way.
+//!
+//! Handles are `Send + Sync` and cheap to clone: clones share one engine.
+
+mod config;
+mod fencing;
+mod incarnation;
+mod stats;
+mod write;
+
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+
+pub use config::EngineBuilder;
+pub use stats::EngineStats;
+pub use write::{Deferred, Written};
+
+use crate::clock::SharedClock;
+use crate::entity::EntityId;
+use crate::error::{Error, Result};
+use crate::fence::Fence;
+use crate::log::{self, Guarded};
+use crate::restore::{
+    self, Containment, ReasonKind, RestoreConfig, Restorer, StateMachine, Touched, Warm,
+};
+use crate::store::Store;
+use incarnation::Incarnation;
+
+/// An open engine: many durable entities over one store, each restored lazily on first touch.
+///
+/// See [`EngineBuilder`] for an example.
+pub struct Engine<M: StateMachine> {
+    inner: Arc<Inner<M>>,
+}
+
+impl<M: StateMachine> Clone for Engine<M> {
+    fn clone(&self) -> Self {
+        Engine {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+struct Inner<M: StateMachine> {
+    restorer: Arc<Restorer<M>>,
+    store: Arc<dyn Store>,
+    pool: rayon::ThreadPool,
+    clock: SharedClock,
+    incarnation: Incarnation,
+    warm_parallelism: usize,
+    truncate_after_checkpoint: bool,
+    /// The epoch fence every write commits through (SPEC F2, F3).
+    fence: Fence,
+    /// `true` while open. Calls hold it shared (recursively, so code inside a restore unit can
+    /// call back in); close takes it exclusively, so in-flight calls finish first.
+    open: RwLock<bool>,
+    warm: Mutex<Option<Warm>>,
+}
+
+impl<M: StateMachine> Engine<M> {
+    /// Starts configuring an engine for `machine`.
+    pub fn builder(machine: M) -> EngineBuilder<M> {
+        EngineBuilder::new(machine)
+    }
+
+    fn open_with(config: EngineBuilder<M>) -> Result<Self> {
+        let store = config.store.expect("checked by the builder");
+        let store_for_fence = Arc::clone(&store);
+        let incarnation = incarnation::begin(&*store)?;
+        let restore_config = RestoreConfig {
+            checkpoint_tail_bound: config.checkpoint_tail_bound,
+            incarnation: incarnation.number,
+            unclean_previous: incarnation.unclean_previous,
+        };
+        let restorer = Arc::new(Restorer::new(
+            Arc::clone(&store),
+            Arc::new(config.machine),
+            restore_config,
+            config.metrics,
+        ));
+        let registered = restorer.load_registered()?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.pool_threads)
+            .thread_name(|i| format!("portcullis-{i}"))
+            .build()
+            .map_err(|e| Error::invalid(format!("could not start the thread pool: {e}")))?;
+        ::log::info!(
+            "engine open: incarnation {}, {registered} entities pending",
+            incarnation.number
+        );
+        let engine = Engine {
+            inner: Arc::new(Inner {
+                restorer,
+                store,
+                pool,
+                clock: Arc::clone(&config.clock),
+                incarnation,
+                warm_parallelism: config.warm_parallelism,
+                truncate_after_checkpoint: config.truncate_after_checkpoint,
+                fence: Fence::new(
+                    Arc::clone(&store_for_fence),
+                    Arc::clone(&config.clock),
+                    config.fence,
+                ),
+                open: RwLock::new(true),
+                warm: Mutex::new(None),
+            }),
+        };
+        if config.warm_on_open {
+            engine.warm()?;
+        }
+        Ok(engine)
+    }
+
+    /// Holds the engine open for one call, or answers [`Error::Closed`].
+    fn enter(&self) -> Result<RwLockReadGuard<'_, bool>> {
+        let open = self.inner.open.read_recursive();
+        if !*open {
+            return Err(Error::Closed);
+        }
+        Ok(open)
+    }
+
+    /// The restored slot of an entity, restoring it now if it is pending (SPEC R2).
+    fn touch(&self, entity: &EntityId) -> Result<Arc<restore::Slot<M::State>>> {
+        match self.inner.restorer.touch(entity)? {
+            Touched::Ready(slot) => Ok(slot),
+            Touched::InsideOwnUnit => Err(restore::inside_own_unit(entity)),
+        }
+    }
+
+    /// This process's incarnation number (1, 2, 3 ...).
+    pub fn incarnation(&self) -> u64 {
+        self.inner.incarnation.number
+    }
+
+    /// The previous incarnation, if it ended without a clean shutdown.
+    pub fn unclean_previous(&self) -> Option<u64> {
+        self.inner.incarnation.unclean_previous
+    }
+
+    /// The engine's clock, in milliseconds (SPEC E4).
+    pub fn now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// Registers an entity durably; it starts pending. Returns `false` if it already was.
+    pub fn register(&self, entity: &EntityId) -> Result<bool> {
+        let _open = self.enter()?;
+        self.inner.restorer.register(entity)
+    }
+
+    /// Every registered entity, in no particular order.
+    pub fn entities(&self) -> Result<Vec<EntityId>> {
+        let _open = self.enter()?;
+        Ok(self.inner.restorer.entities())
+    }
+
+    /// Reads an entity's state through `f`, restoring it first if it is pending (SPEC R2).
+    ///
+    /// A contained entity answers [`Error::Contained`] with its named reason (SPEC R4).
+    pub fn read<T>(&self, entity: &EntityId, f: impl FnOnce(&M::State) -> T) -> Result<T> {
+        let _open = self.enter()?;
+        let slot = self.touch(entity)?;
+        let mut f = Some(f);
+        self.with_loaded(&slot, |loaded| {
+            let f = f.take().expect("called once");
+            Ok(f(&loaded.state))
+        })
+    }
+
+    /// Runs `f` on the loaded state of a restored slot. If the state was taken away between
+    /// the touch and the lock (the entity was contained meanwhile), answers the containment.
+    /// Lock order: the state, then (briefly) the gate's mutex, which is a leaf lock.
+    fn with_loaded<T>(
+        &self,
+        slot: &restore::Slot<M::State>,
+        mut f: impl FnMut(&mut restore::Loaded<M::State>) -> Result<T>,
+    ) -> Result<T> {
+        for _ in 0..3 {
+            let mut state = slot.state();
+            // Checked under the state lock: a write that contains the entity does so while
+            // holding this lock, so a restored phase here means the state is trustworthy.
+            if slot.is_restored()
+                && let Some(loaded) = state.as_mut()
+            {
+                return f(loaded);
+            }
+            drop(state);
+            self.inner.restorer.ensure(slot)?;
+        }
+        Err(Error::Unavailable {
+            reason: format!("{} changed state repeatedly during the call", slot.entity()),
+            retry_after_ms: 10,
+        })
+    }
+
+    /// Publishes a checkpoint of an entity's state at its last record (SPEC L3), and truncates
+    /// the history it covers if so configured. Returns the checkpoint's sequence number.
+    pub fn checkpoint(&self, entity: &EntityId) -> Result<u64> {
+        let _open = self.enter()?;
+        let slot = self.touch(entity)?;
+        let restorer = &self.inner.restorer;
+        let store = &*self.inner.store;
+        let p = entity.partition();
+        self.with_loaded(&slot, |loaded| {
+            let bytes = restorer.machine().encode_checkpoint(&loaded.state);
+            let seq = loaded.head.head.last_seq();
+            match log::write_checkpoint(store, &p, &loaded.head, seq, bytes, Default::default())? {
+                Guarded::Committed(head) => loaded.head = head,
+                other => return Err(self.log_moved(&slot, "checkpoint", &other)),
+            }
+            if self.inner.truncate_after_checkpoint {
+                match log::truncate_before(store, &p, &loaded.head, seq + 1)? {
+                    Guarded::Committed(head) => loaded.head = head,
+                    other => return Err(self.log_moved(&slot, "truncation", &other)),
+                }
+            }
+            Ok(seq)
+        })
+    }
+
+    /// Contains an entity whose log head moved under the engine: its in-memory state no longer
+    /// matches the store, so it must be restored again after an operator looks at it.
+    fn log_moved<T: std::fmt::Debug>(
+        &self,
+        slot: &restore::Slot<M::State>,
+        what: &str,
+        outcome: &Guarded<T>,
+    ) -> Error {
+        let reason = Containment::new(
+            ReasonKind::CorruptRecord,
+            format!("the log changed under the engine during a {what} ({outcome:?})"),
+        );
+        self.inner.restorer.contain_restored(slot, reason)
+    }
+
+    /// Checks an entity's newest checkpoint against the history it folds by recomputing the
+    /// digest chain (SPEC L4). It reads rows only and holds no entity lock while it runs. A
+    /// mismatch contains the entity and is returned as its refusal.
+    pub fn verify_checkpoint(&self, entity: &EntityId) -> Result<bool> {
+        let _open = self.enter()?;
+        let slot = self.inner.restorer.slot(entity)?;
+        let store = &*self.inner.store;
+        let p = entity.partition();
+        let Some(mark) = log::read_head(store, &p)?.head.checkpoint else {
+            return Ok(false);
+        };
+        match log::verify_checkpoint_against_history(store, &p, &mark) {
+            Ok(()) => Ok(true),
+            Err(e @ Error::Corrupt { .. }) => {
+                let reason = Containment::new(ReasonKind::CorruptCheckpoint, e.to_string());
+                Err(self.inner.restorer.contain_unless_running(&slot, reason))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Starts a background warm of every pending entity, or returns the one already running
+    /// (SPEC R6).
+    pub fn warm(&self) -> Result<Warm> {
+        let _open = self.enter()?;
+        let mut current = self.inner.warm.lock();
+        if let Some(warm) = current.as_ref()
+            && !warm.is_finished()
+        {
+            return Ok(warm.clone());
+        }
+        let warm = restore::start_warm(
+            &self.inner.restorer,
+            &self.inner.pool,
+            self.inner.warm_parallelism,
+        );
+        *current = Some(warm.clone());
+        Ok(warm)
+    }
+
+    /// The warm most recently started, if any.
+    pub fn current_warm(&self) -> Option<Warm> {
+        self.inner.warm.lock().clone()
+    }
+
+    /// Releases a contained entity so its next touch runs its restore unit again (SPEC R4).
+    /// Returns whether it was contained.
+    pub fn release(&self, entity: &EntityId) -> Result<bool> {
+        let _open = self.enter()?;
+        self.inner.restorer.release(entity)
+    }
+
+    /// Why an entity is contained, if it is. Does not touch it.
+    pub fn containment(&self, entity: &EntityId) -> Result<Option<Containment>> {
+        let _open = self.enter()?;
+        self.inner.restorer.containment(entity)
+    }
+
+    /// Folds every entity's state into one answer (SPEC R7): waits for a warm to restore every
+    /// pending entity first, then visits each restored entity. Contained entities are skipped
+    /// and counted in the second value.
+    pub fn fold_all<A>(
+        &self,
+        init: A,
+        mut f: impl FnMut(A, &EntityId, &M::State) -> A,
+    ) -> Result<(A, u64)> {
+        let _open = self.enter()?;
+        self.warm()?.wait();
+        let mut acc = init;
+        let mut contained = 0;
+        for entity in self.inner.restorer.entities() {
+            let slot = match self.touch(&entity) {
+                Ok(slot) => slot,
+                Err(Error::Contained { .. }) => {
+                    contained += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let mut slot_acc = Some(acc);
+            let result = self.with_loaded(&slot, |loaded| {
+                let a = slot_acc.take().expect("called once");
+                Ok(f(a, &entity, &loaded.state))
+            });
+            acc = match result {
+                Ok(a) => a,
+                Err(Error::Contained { .. }) if slot_acc.is_some() => {
+                    contained += 1;
+                    slot_acc.take().expect("still held")
+                }
+                Err(e) => return Err(e),
+            };
+        }
+        Ok((acc, contained))
+    }
+
+    /// Counters for restore, the warm and the store.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            incarnation: self.inner.incarnation.number,
+            unclean_previous: self.inner.incarnation.unclean_previous,
+            phases: self.inner.restorer.phase_counts(),
+            units_run: self.inner.restorer.units_run(),
+            warm: self.current_warm().map(|w| w.progress()),
+            store: self.inner.store.stats(),
+        }
+    }
+
+    /// Stops and drains any warm, records a clean shutdown, and closes the store. Later calls
+    /// answer [`Error::Closed`]; closing twice is harmless.
+    pub fn close(&self) -> Result<()> {
+        self.stop_warm();
+        let mut open = self.inner.open.write();
+        if !*open {
+            return Ok(());
+        }
+        *open = false;
+        // Not held while draining: a unit run by the warm may call back into the engine, and
+        // must get `Closed` rather than block on this lock.
+        drop(open);
+        // A warm started by a call that was in flight when close began.
+        self.stop_warm();
+        incarnation::end_clean(&*self.inner.store, &self.inner.incarnation)?;
+        self.inner.store.close()
+    }
+
+    fn stop_warm(&self) {
+        if let Some(warm) = self.current_warm() {
+            warm.stop();
+            warm.wait();
+        }
+    }
+}

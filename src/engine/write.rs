@@ -1,0 +1,176 @@
+//! The write path: records decided against the current state, appended through the log in one
+//! batch behind the fence's lease guards, then folded into the state (SPEC L1, R8, F2, F3).
+
+use std::ops::RangeInclusive;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use super::Engine;
+use crate::entity::EntityId;
+use crate::error::{Error, Result};
+use crate::fence::WriteOutcome;
+use crate::log::{self, Guarded, MAX_RECORD_BYTES};
+use crate::restore::{Containment, Deferral, ReasonKind, StateMachine};
+use crate::store::Batch;
+
+/// What a write did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written<T> {
+    /// The sequence numbers the records got; `None` when the application decided to write
+    /// nothing.
+    pub seqs: Option<RangeInclusive<u64>>,
+    /// The value the application's decision returned.
+    pub value: T,
+}
+
+/// Where deferred work went (SPEC R8).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Deferred {
+    /// The entity is pending: the record is stored durably and will be applied inside its
+    /// restore unit.
+    Queued,
+    /// The entity was already restored: the record was appended at this sequence number.
+    Applied {
+        /// Its sequence number.
+        seq: u64,
+    },
+}
+
+impl<M: StateMachine> Engine<M> {
+    /// Checks records before anything is written: size limits and the application's decoder
+    /// (bad input never enters history, SPEC E1).
+    fn check_records(&self, records: &[Vec<u8>]) -> Result<()> {
+        for (i, record) in records.iter().enumerate() {
+            if record.len() > MAX_RECORD_BYTES {
+                return Err(Error::TooLarge {
+                    what: "record",
+                    size: record.len(),
+                    limit: MAX_RECORD_BYTES,
+                });
+            }
+            self.inner
+                .restorer
+                .machine()
+                .validate(record)
+                .map_err(|r| {
+                    Error::invalid(format!("record {i} of the write does not decode: {r}"))
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Decides records from the entity's current state and appends them (SPEC E2).
+    ///
+    /// `decide` sees the state as of the last record and returns the records to append (none
+    /// means no write) and a value handed back to the caller. The records are checked, appended
+    /// in one batch guarded on the log head the state was folded to and carrying the fencing
+    /// guards for `grant_epoch`, then folded into the state. Writes to one entity are
+    /// serialised; writes to different entities run in parallel.
+    ///
+    /// Fencing (SPEC F2, F3): the batch commits only under a usable lease of the entity's
+    /// namespace, guarded on that lease as read and on a deadline; a `grant_epoch` older than
+    /// the lease's epoch is refused with [`Error::Fenced`] and nothing is written.
+    pub fn write<T>(
+        &self,
+        entity: &EntityId,
+        grant_epoch: u64,
+        decide: impl FnOnce(&M::State) -> (Vec<Vec<u8>>, T),
+    ) -> Result<Written<T>> {
+        let _open = self.enter()?;
+        let slot = self.touch(entity)?;
+        let mut decide = Some(decide);
+        let restorer = &self.inner.restorer;
+        self.with_loaded(&slot, |loaded| {
+            let decide = decide.take().expect("called once");
+            let (records, value) = decide(&loaded.state);
+            if records.is_empty() {
+                return Ok(Written { seqs: None, value });
+            }
+            self.check_records(&records)?;
+            // The log batch, planned once after the head the state was folded to; the fence puts
+            // its lease guard and deadline in front of it, renews the lease if needed and
+            // re-plans a bounded number of times (SPEC F2, F3).
+            let prepared = log::prepare_append(&loaded.head, &records, Batch::new())?;
+            let outcome = self
+                .inner
+                .fence
+                .write_with(entity, grant_epoch, |_| Some(prepared.batch.clone()))?;
+            let appended = match outcome {
+                WriteOutcome::Committed { .. } => prepared.appended,
+                WriteOutcome::PreconditionFailed { index: 0 } => {
+                    return Err(self.log_moved(&slot, "write", &Guarded::<()>::HeadMoved));
+                }
+                other => {
+                    return Err(Error::Unavailable {
+                        reason: format!("the write to {entity} did not commit ({other:?})"),
+                        retry_after_ms: 10,
+                    });
+                }
+            };
+            loaded.head = appended.head.clone();
+            let bytes: usize = records.iter().map(Vec::len).sum();
+            for (i, record) in records.iter().enumerate() {
+                let seq = appended.first_seq + i as u64;
+                let machine = restorer.machine();
+                let folded = catch_unwind(AssertUnwindSafe(|| {
+                    machine.apply(&mut loaded.state, seq, record)
+                }));
+                let reason = match folded {
+                    Ok(Ok(())) => continue,
+                    Ok(Err(r)) => Containment::new(
+                        ReasonKind::ApplyRefusal,
+                        format!("record {seq} was appended but apply refused it: {r}"),
+                    ),
+                    Err(payload) => Containment::from_panic(
+                        &format!("apply of written record {seq}"),
+                        &*payload,
+                    ),
+                };
+                // The record is durable but the state could not fold it: the state can no
+                // longer be trusted, and a restore would meet the same record.
+                return Err(restorer.contain_restored(&slot, reason));
+            }
+            if let Some(hook) = restorer.metrics() {
+                hook.appended(entity, records.len() as u64, bytes as u64);
+            }
+            Ok(Written {
+                seqs: Some(appended.first_seq..=appended.last_seq),
+                value,
+            })
+        })
+    }
+
+    /// Appends records as they are (SPEC L1). Returns their sequence numbers.
+    ///
+    /// An empty list is refused: there is nothing to append.
+    pub fn append(
+        &self,
+        entity: &EntityId,
+        grant_epoch: u64,
+        records: Vec<Vec<u8>>,
+    ) -> Result<RangeInclusive<u64>> {
+        if records.is_empty() {
+            return Err(Error::invalid("append needs at least one record"));
+        }
+        self.check_records(&records)?;
+        let written = self.write(entity, grant_epoch, move |_| (records, ()))?;
+        Ok(written.seqs.expect("records were not empty"))
+    }
+
+    /// Queues a record for an entity without restoring it (SPEC R8).
+    ///
+    /// If the entity is pending, the record is stored durably before this returns and is
+    /// applied inside its restore unit, after its log tail and in arrival order. If it is
+    /// already restored, the record is appended at once. Deferred records are checked like any
+    /// write first. They do not carry a grant epoch.
+    pub fn defer(&self, entity: &EntityId, record: Vec<u8>) -> Result<Deferred> {
+        let _open = self.enter()?;
+        self.check_records(std::slice::from_ref(&record))?;
+        match self.inner.restorer.defer(entity, &record)? {
+            Deferral::Queued => Ok(Deferred::Queued),
+            Deferral::AlreadyRestored => {
+                let seqs = self.append(entity, 0, vec![record])?;
+                Ok(Deferred::Applied { seq: *seqs.start() })
+            }
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! Entity logs and checkpoints, expressed as rows of the entity's partition (SPEC L1-L4).
+//!
+//! Owns: the layout of the reserved log rows inside an entity partition ([`keys`]), the head
+//! row (next sequence number, first retained sequence number, running digest, newest checkpoint
+//! mark), appending records with the caller's guards and row operations in the same atomic batch
+//! ([`append`], [`append_at`]), paging through history ([`read_log`]), verified replay
+//! ([`replay`]), checkpoints ([`write_checkpoint`], [`load_restore_point`]), verification of a
+//! checkpoint against history ([`verify_checkpoint_against_history`]) and prefix truncation
+//! ([`truncate_before`]).
+//!
+//! It calls only the [`Store`](crate::store::Store) trait and knows nothing of restores, epochs
+//! or the application's state machine. Every write is one guarded batch on the entity's
+//! partition, guarded on the head row exactly as it was read, so two writers can never assign
+//! the same sequence number and a crash leaves either all of an append or none of it.
+//!
+//! ```
+//! use portcullis::log;
+//! use portcullis::store::{Batch, MemoryStore, Partition};
+//! let store = MemoryStore::new();
+//! let p = Partition::new("e/chat/room-1").unwrap();
+//! let appended = log::append(&store, &p, &[b"hello".to_vec(), b"world".to_vec()], Batch::new())
+//!     .unwrap()
+//!     .committed()
+//!     .unwrap();
+//! assert_eq!((appended.first_seq, appended.last_seq), (1, 2));
+//! let page = log::read_log(&store, &p, 1, 10).unwrap();
+//! assert_eq!(page.records[1].payload, b"world");
+//! assert!(page.next_seq.is_none());
+//! ```
+
+mod append;
+mod checkpoint;
+mod digest;
+mod head;
+pub mod keys;
+mod read;
+mod truncate;
+
+pub use append::{
+    Appended, Guarded, MAX_RECORD_BYTES, PreparedAppend, append, append_at, prepare_append,
+};
+pub use checkpoint::{
+    Checkpoint, CheckpointMark, load_restore_point, verify_checkpoint_against_history,
+    write_checkpoint,
+};
+pub use digest::{GENESIS_DIGEST, chain_digest};
+pub use head::{HeadSnapshot, LogHead, read_head};
+pub use read::{LogPage, LogRecord, read_log, replay};
+pub use truncate::truncate_before;
+
+/// How many times [`append`] re-reads a head that moved under it before answering
+/// [`crate::Error::Unavailable`].
+pub const APPEND_RETRIES: usize = 16;
+
+/// Rows read per page while replaying or verifying history.
+pub const REPLAY_PAGE: usize = 256;
+
+/// The first byte of every row format version written by this module. A row carrying a newer
+/// version is refused with [`Error::UnsupportedVersion`](crate::Error::UnsupportedVersion).
+pub(crate) const ROW_VERSION: u8 = 1;
+
+use crate::error::Error;
+use crate::store::Partition;
+
+/// A corrupt-row error naming the partition and what was wrong.
+pub(crate) fn corrupt(p: &Partition, detail: impl Into<String>) -> Error {
+    Error::corrupt(p.to_string(), detail)
+}
+
+/// Checks the version byte of a row and returns the rest.
+pub(crate) fn strip_version<'a>(
+    p: &Partition,
+    what: &str,
+    row: &'a [u8],
+) -> crate::Result<&'a [u8]> {
+    match row.split_first() {
+        None => Err(corrupt(p, format!("the {what} row is empty"))),
+        Some((&ROW_VERSION, rest)) => Ok(rest),
+        Some((&v, _)) if v > ROW_VERSION => Err(Error::UnsupportedVersion {
+            file: format!("{what} row of {p}"),
+            found: u32::from(v),
+            supported: u32::from(ROW_VERSION),
+        }),
+        Some((&v, _)) => Err(corrupt(
+            p,
+            format!("the {what} row has unknown version {v}"),
+        )),
+    }
+}
+
+/// Encodes a serde value as a versioned postcard row.
+pub(crate) fn encode_row<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    let mut out = vec![ROW_VERSION];
+    // Encoding plain structs of integers and byte vectors into a Vec cannot fail.
+    out.extend(postcard::to_stdvec(value).expect("postcard encodes plain structs"));
+    out
+}
+
+/// Decodes a versioned postcard row, naming the partition on failure.
+pub(crate) fn decode_row<T: serde::de::DeserializeOwned>(
+    p: &Partition,
+    what: &str,
+    row: &[u8],
+) -> crate::Result<T> {
+    let body = strip_version(p, what, row)?;
+    postcard::from_bytes(body)
+        .map_err(|e| corrupt(p, format!("the {what} row does not decode: {e}")))
+}

@@ -1,0 +1,137 @@
+//! The application's state machine: what restore folds records into (SPEC R, R3).
+
+use std::fmt;
+
+use crate::entity::EntityId;
+
+/// An application's refusal to fold a record, decode a checkpoint or repair an entity.
+///
+/// ```
+/// use portcullis::restore::Rejection;
+/// let r = Rejection::new("balance would go negative");
+/// assert_eq!(r.to_string(), "balance would go negative");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// Why, in the application's words.
+    pub reason: String,
+}
+
+impl Rejection {
+    /// A rejection with a reason.
+    pub fn new(reason: impl Into<String>) -> Self {
+        Rejection {
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+/// The state machine of one kind of entity, supplied by the application.
+///
+/// Restore starts from [`fresh`](Self::fresh) or a decoded checkpoint and folds records with
+/// [`apply`](Self::apply). Every method may be called from any thread, for many entities at
+/// once. A method that panics contains only the entity it was working on (SPEC R4).
+///
+/// ```
+/// use portcullis::EntityId;
+/// use portcullis::restore::{Rejection, StateMachine};
+///
+/// /// Sums little-endian u64 records.
+/// struct Counter;
+///
+/// impl StateMachine for Counter {
+///     type State = u64;
+///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+///     fn apply(&self, state: &mut u64, _seq: u64, record: &[u8]) -> Result<(), Rejection> {
+///         let bytes: [u8; 8] = record.try_into().map_err(|_| Rejection::new("not a u64"))?;
+///         *state += u64::from_le_bytes(bytes);
+///         Ok(())
+///     }
+///     fn encode_checkpoint(&self, state: &u64) -> Vec<u8> { state.to_le_bytes().to_vec() }
+///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
+///         Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| Rejection::new("bad checkpoint"))?))
+///     }
+/// }
+/// ```
+pub trait StateMachine: Send + Sync + 'static {
+    /// An entity's folded state.
+    type State: Send + 'static;
+
+    /// The state of an entity with no history.
+    fn fresh(&self, entity: &EntityId) -> Self::State;
+
+    /// Folds record `seq` into `state`, or refuses it. A refusal during restore contains the
+    /// entity (SPEC R4). When it refuses, it should leave `state` unchanged.
+    fn apply(&self, state: &mut Self::State, seq: u64, record: &[u8]) -> Result<(), Rejection>;
+
+    /// Encodes a state for a checkpoint (SPEC L3).
+    fn encode_checkpoint(&self, state: &Self::State) -> Vec<u8>;
+
+    /// Decodes a checkpoint written by [`encode_checkpoint`](Self::encode_checkpoint).
+    fn decode_checkpoint(&self, entity: &EntityId, bytes: &[u8]) -> Result<Self::State, Rejection>;
+
+    /// Checks a record before it is accepted (written or deferred), so a record that cannot be
+    /// decoded is refused with a clear error and never enters history. The default accepts
+    /// everything.
+    fn validate(&self, record: &[u8]) -> Result<(), Rejection> {
+        let _ = record;
+        Ok(())
+    }
+
+    /// Repairs an entity after incarnation `unclean` ended without a clean shutdown, returning
+    /// records to append (SPEC R3). They are appended durably, in one batch that also records
+    /// that this entity was repaired for `unclean`, so the repair runs exactly once per entity
+    /// and incarnation, even across another crash. The default repairs nothing.
+    fn repair(
+        &self,
+        entity: &EntityId,
+        state: &Self::State,
+        unclean: u64,
+    ) -> Result<Vec<Vec<u8>>, Rejection> {
+        let _ = (entity, state, unclean);
+        Ok(Vec::new())
+    }
+}
+
+/// A shared state machine is a state machine, so an application can keep a handle on its own
+/// machine (for counters, configuration) while the engine owns another.
+impl<M: StateMachine> StateMachine for std::sync::Arc<M> {
+    type State = M::State;
+
+    fn fresh(&self, entity: &EntityId) -> Self::State {
+        (**self).fresh(entity)
+    }
+
+    fn apply(&self, state: &mut Self::State, seq: u64, record: &[u8]) -> Result<(), Rejection> {
+        (**self).apply(state, seq, record)
+    }
+
+    fn encode_checkpoint(&self, state: &Self::State) -> Vec<u8> {
+        (**self).encode_checkpoint(state)
+    }
+
+    fn decode_checkpoint(&self, entity: &EntityId, bytes: &[u8]) -> Result<Self::State, Rejection> {
+        (**self).decode_checkpoint(entity, bytes)
+    }
+
+    fn validate(&self, record: &[u8]) -> Result<(), Rejection> {
+        (**self).validate(record)
+    }
+
+    fn repair(
+        &self,
+        entity: &EntityId,
+        state: &Self::State,
+        unclean: u64,
+    ) -> Result<Vec<Vec<u8>>, Rejection> {
+        (**self).repair(entity, state, unclean)
+    }
+}

@@ -1,0 +1,448 @@
+//! The registry of entities and their gates (SPEC R1, R2, R4, R5, R8): who is pending, who is
+//! restored, who is contained, and the one place that runs a restore unit.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use parking_lot::{Mutex, MutexGuard, RwLock};
+
+use super::RestoreConfig;
+use super::containment::{Containment, ReasonKind};
+use super::gate::{Claim, Gate, Phase};
+use super::keys;
+use super::machine::StateMachine;
+use super::restoring;
+use super::telemetry::{self, MetricsHook};
+use super::unit::{self, Loaded};
+use crate::entity::EntityId;
+use crate::error::{Error, Result};
+use crate::store::{Batch, Outcome, Store};
+
+/// One registered entity: its gate and, once restored, its state.
+pub struct Slot<S> {
+    entity: EntityId,
+    gate: Gate,
+    state: Mutex<Option<Loaded<S>>>,
+}
+
+impl<S> Slot<S> {
+    /// The entity.
+    pub fn entity(&self) -> &EntityId {
+        &self.entity
+    }
+
+    /// Locks the entity's state. `None` means it is not restored (or was just contained).
+    /// Take it only after a successful touch, and never wait on another entity's gate while
+    /// holding it (lock order: gate, then state).
+    pub fn state(&self) -> MutexGuard<'_, Option<Loaded<S>>> {
+        self.state.lock()
+    }
+
+    /// Whether the gate says restored (the gate's mutex is a leaf lock: it may be taken while
+    /// holding the state).
+    pub fn is_restored(&self) -> bool {
+        matches!(*self.gate.lock(), Phase::Restored)
+    }
+}
+
+/// What a touch found.
+pub enum Touched<S> {
+    /// The entity is restored; its state is in the slot.
+    Ready(Arc<Slot<S>>),
+    /// This thread is inside the entity's own restore unit; its state is not ready yet and the
+    /// caller must not wait for it.
+    InsideOwnUnit,
+}
+
+/// Where deferred work went (SPEC R8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deferral {
+    /// Stored durably as a deferred row; the restore unit will apply it.
+    Queued,
+    /// The entity is already restored: the caller should write the record directly.
+    AlreadyRestored,
+}
+
+/// Counts of entities by phase.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PhaseCounts {
+    /// Registered entities.
+    pub entities: u64,
+    /// Not yet restored in this process.
+    pub pending: u64,
+    /// Being restored right now.
+    pub running: u64,
+    /// Restored.
+    pub restored: u64,
+    /// Contained, including fail-closed ones.
+    pub contained: u64,
+    /// Threads waiting on some entity's gate right now.
+    pub waiting: u64,
+}
+
+/// The registry of entities, their gates, and the restore unit runner.
+pub struct Restorer<M: StateMachine> {
+    store: Arc<dyn Store>,
+    machine: Arc<M>,
+    config: RestoreConfig,
+    slots: RwLock<HashMap<EntityId, Arc<Slot<M::State>>>>,
+    stopping: AtomicUsize,
+    units_run: AtomicU64,
+    arrivals: AtomicU64,
+    metrics: MetricsHook,
+}
+
+impl<M: StateMachine> Restorer<M> {
+    /// A registry over `store` with no entities yet.
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        machine: Arc<M>,
+        config: RestoreConfig,
+        metrics: MetricsHook,
+    ) -> Self {
+        Restorer {
+            store,
+            machine,
+            config,
+            slots: RwLock::new(HashMap::new()),
+            stopping: AtomicUsize::new(0),
+            units_run: AtomicU64::new(0),
+            arrivals: AtomicU64::new(0),
+            metrics,
+        }
+    }
+
+    /// The application's state machine.
+    pub fn machine(&self) -> &M {
+        &self.machine
+    }
+
+    /// The store.
+    pub fn store(&self) -> &dyn Store {
+        &*self.store
+    }
+
+    /// The metrics hook, if any.
+    pub(crate) fn metrics(&self) -> &MetricsHook {
+        &self.metrics
+    }
+
+    /// Records every entity partition in the store as pending, reading only partition names
+    /// (SPEC R1). Returns how many entities are registered.
+    pub(crate) fn load_registered(&self) -> Result<usize> {
+        let partitions = self.store.list_partitions(b"e/")?;
+        let mut slots = self.slots.write();
+        for p in partitions {
+            if let Some(entity) = EntityId::from_partition(&p) {
+                slots
+                    .entry(entity.clone())
+                    .or_insert_with(|| Arc::new(Self::pending_slot(entity)));
+            }
+        }
+        Ok(slots.len())
+    }
+
+    fn pending_slot(entity: EntityId) -> Slot<M::State> {
+        Slot {
+            entity,
+            gate: Gate::new(Phase::Pending),
+            state: Mutex::new(None),
+        }
+    }
+
+    /// Registers an entity durably (a marker row creates its partition). Returns `false` if it
+    /// was already registered.
+    pub(crate) fn register(&self, entity: &EntityId) -> Result<bool> {
+        if self.slots.read().contains_key(entity) {
+            return Ok(false);
+        }
+        let marker = Batch::new().put(
+            keys::entity_key(),
+            self.config.incarnation.to_be_bytes().to_vec(),
+        );
+        let _committed = self.store.apply(&entity.partition(), &marker)?;
+        let mut slots = self.slots.write();
+        let mut inserted = false;
+        slots.entry(entity.clone()).or_insert_with(|| {
+            inserted = true;
+            Arc::new(Self::pending_slot(entity.clone()))
+        });
+        Ok(inserted)
+    }
+
+    /// The slot of a registered entity.
+    pub fn slot(&self, entity: &EntityId) -> Result<Arc<Slot<M::State>>> {
+        self.slots
+            .read()
+            .get(entity)
+            .cloned()
+            .ok_or_else(|| Error::UnknownEntity(entity.to_string()))
+    }
+
+    /// Touches an entity (SPEC R2): restores it now if it is pending, waits if another thread
+    /// is restoring it, and answers at once if it is restored, contained (SPEC R4) or damaged
+    /// (SPEC R5).
+    pub fn touch(&self, entity: &EntityId) -> Result<Touched<M::State>> {
+        if restoring::is_restoring(entity) {
+            return Ok(Touched::InsideOwnUnit);
+        }
+        let slot = self.slot(entity)?;
+        self.ensure(&slot)?;
+        Ok(Touched::Ready(slot))
+    }
+
+    /// Makes sure `slot` is restored, running its unit on this thread if it is pending.
+    pub(crate) fn ensure(&self, slot: &Slot<M::State>) -> Result<()> {
+        let mut phase = slot.gate.lock();
+        loop {
+            match &*phase {
+                Phase::Restored => return Ok(()),
+                Phase::Contained(reason) => return Err(reason.to_error(&slot.entity)),
+                Phase::Damaged => return Err(fail_closed(&slot.entity)),
+                Phase::Running { by } => {
+                    if *by == std::thread::current().id() {
+                        // Only reachable through a path that skipped the restoring mark.
+                        return Err(inside_own_unit(&slot.entity));
+                    }
+                    if self.is_stopping() {
+                        return Err(Error::Unavailable {
+                            reason: format!(
+                                "{} is being restored by another thread and a warm is stopping",
+                                slot.entity
+                            ),
+                            retry_after_ms: 100,
+                        });
+                    }
+                    slot.gate.wait(&mut phase);
+                }
+                Phase::Pending => {
+                    *phase = Phase::Running {
+                        by: std::thread::current().id(),
+                    };
+                    drop(phase);
+                    return self.run_unit(slot);
+                }
+            }
+        }
+    }
+
+    /// Runs the restore unit for a slot this thread has claimed, and records the outcome.
+    fn run_unit(&self, slot: &Slot<M::State>) -> Result<()> {
+        let claim = Claim::new(&slot.gate);
+        let _mark = restoring::mark(&slot.entity);
+        self.units_run.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            unit::run(&*self.store, &*self.machine, &slot.entity, &self.config)
+        }))
+        .unwrap_or_else(|payload| Err(Containment::from_panic("restore unit", &*payload)));
+        match outcome {
+            Ok((loaded, report)) => {
+                *slot.state.lock() = Some(loaded);
+                // A panic in telemetry leaves the claim unsettled: the gate becomes Damaged.
+                telemetry::restored(&self.metrics, &slot.entity, &report);
+                claim.settle(Phase::Restored);
+                Ok(())
+            }
+            Err(reason) => {
+                telemetry::contained(&self.metrics, &slot.entity, &reason, started.elapsed());
+                let error = reason.to_error(&slot.entity);
+                claim.settle(Phase::Contained(Arc::new(reason)));
+                Err(error)
+            }
+        }
+    }
+
+    /// Contains a restored entity whose in-memory state can no longer be trusted (a write's
+    /// `apply` refused or panicked after its records became durable). The caller holds the
+    /// entity's state lock and has already emptied it; the gate's mutex is a leaf lock that
+    /// no thread holds while waiting for state, so taking it here cannot deadlock.
+    pub(crate) fn contain_restored(&self, slot: &Slot<M::State>, reason: Containment) -> Error {
+        let error = reason.to_error(&slot.entity);
+        let reason = Arc::new(reason);
+        // Recorded before telemetry runs, so a panicking hook cannot leave it looking restored.
+        slot.gate.set(Phase::Contained(Arc::clone(&reason)));
+        telemetry::contained(
+            &self.metrics,
+            &slot.entity,
+            &reason,
+            std::time::Duration::ZERO,
+        );
+        error
+    }
+
+    /// Contains an entity found damaged by an audit that ran off its lock, unless a restore
+    /// unit is running for it right now (that unit records its own outcome, and checks the
+    /// checkpoint itself). Returns the refusal either way.
+    pub(crate) fn contain_unless_running(
+        &self,
+        slot: &Slot<M::State>,
+        reason: Containment,
+    ) -> Error {
+        let error = reason.to_error(&slot.entity);
+        let mut phase = slot.gate.lock();
+        if matches!(*phase, Phase::Running { .. }) {
+            return error;
+        }
+        *phase = Phase::Contained(Arc::new(reason.clone()));
+        drop(phase);
+        slot.gate.nudge();
+        telemetry::contained(
+            &self.metrics,
+            &slot.entity,
+            &reason,
+            std::time::Duration::ZERO,
+        );
+        error
+    }
+
+    /// Releases a contained (or fail-closed) entity so its next touch runs the whole unit again
+    /// (SPEC R4). Returns whether it was contained.
+    pub fn release(&self, entity: &EntityId) -> Result<bool> {
+        let slot = self.slot(entity)?;
+        let mut phase = slot.gate.lock();
+        if matches!(*phase, Phase::Contained(_) | Phase::Damaged) {
+            *phase = Phase::Pending;
+            ::log::warn!("released {entity}: its next touch runs its restore unit again");
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Why an entity is contained, if it is.
+    pub fn containment(&self, entity: &EntityId) -> Result<Option<Containment>> {
+        let slot = self.slot(entity)?;
+        let phase = slot.gate.lock();
+        Ok(match &*phase {
+            Phase::Contained(reason) => Some((**reason).clone()),
+            Phase::Damaged => Some(damaged_reason()),
+            _ => None,
+        })
+    }
+
+    /// Queues a record for a pending entity durably, without restoring it (SPEC R8). If the
+    /// entity is restored, answers [`Deferral::AlreadyRestored`] and stores nothing.
+    pub(crate) fn defer(&self, entity: &EntityId, record: &[u8]) -> Result<Deferral> {
+        if restoring::is_restoring(entity) {
+            return Err(inside_own_unit(entity));
+        }
+        let slot = self.slot(entity)?;
+        let mut phase = slot.gate.lock();
+        loop {
+            match &*phase {
+                Phase::Pending => {
+                    // Written while holding the gate: the unit cannot start (and scan the
+                    // deferred rows) until this row is either committed or refused.
+                    let arrival = self.arrivals.fetch_add(1, Ordering::Relaxed);
+                    let key = keys::deferred_key(self.config.incarnation, arrival);
+                    let batch = Batch::new().absent(key.clone()).put(key, record.to_vec());
+                    return match self.store.apply(&entity.partition(), &batch)? {
+                        Outcome::Committed => {
+                            if let Some(hook) = &self.metrics {
+                                hook.deferred(entity, record.len());
+                            }
+                            Ok(Deferral::Queued)
+                        }
+                        other => Err(Error::Unavailable {
+                            reason: format!("deferring to {entity} was refused: {other:?}"),
+                            retry_after_ms: 10,
+                        }),
+                    };
+                }
+                Phase::Restored => return Ok(Deferral::AlreadyRestored),
+                Phase::Contained(reason) => return Err(reason.to_error(entity)),
+                Phase::Damaged => return Err(fail_closed(entity)),
+                Phase::Running { .. } => {
+                    if self.is_stopping() {
+                        return Err(Error::Unavailable {
+                            reason: format!("{entity} is being restored and a warm is stopping"),
+                            retry_after_ms: 100,
+                        });
+                    }
+                    slot.gate.wait(&mut phase);
+                }
+            }
+        }
+    }
+
+    /// The entities still pending, in no particular order.
+    pub fn pending(&self) -> Vec<EntityId> {
+        let slots: Vec<Arc<Slot<M::State>>> = self.slots.read().values().cloned().collect();
+        slots
+            .into_iter()
+            .filter(|s| matches!(*s.gate.lock(), Phase::Pending))
+            .map(|s| s.entity.clone())
+            .collect()
+    }
+
+    /// Every registered entity.
+    pub fn entities(&self) -> Vec<EntityId> {
+        self.slots.read().keys().cloned().collect()
+    }
+
+    /// Counts entities by phase.
+    pub fn phase_counts(&self) -> PhaseCounts {
+        let slots: Vec<Arc<Slot<M::State>>> = self.slots.read().values().cloned().collect();
+        let mut counts = PhaseCounts {
+            entities: slots.len() as u64,
+            ..PhaseCounts::default()
+        };
+        for slot in slots {
+            counts.waiting += slot.gate.waiters() as u64;
+            match &*slot.gate.lock() {
+                Phase::Pending => counts.pending += 1,
+                Phase::Running { .. } => counts.running += 1,
+                Phase::Restored => counts.restored += 1,
+                Phase::Contained(_) | Phase::Damaged => counts.contained += 1,
+            }
+        }
+        counts
+    }
+
+    /// How many restore units ran in this process (each entity once, plus reruns after release).
+    pub fn units_run(&self) -> u64 {
+        self.units_run.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire) > 0
+    }
+
+    /// A stop began: touches of running entities answer `Unavailable` until it ends (SPEC R6).
+    pub(crate) fn begin_stop(&self) {
+        self.stopping.fetch_add(1, Ordering::AcqRel);
+        let slots: Vec<Arc<Slot<M::State>>> = self.slots.read().values().cloned().collect();
+        for slot in slots {
+            // Waiters re-check the stop flag when woken.
+            slot.gate.nudge();
+        }
+    }
+
+    /// A stop ended.
+    pub(crate) fn end_stop(&self) {
+        self.stopping.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn damaged_reason() -> Containment {
+    Containment::new(
+        ReasonKind::FailClosed,
+        "a thread unwound while restoring it, so whether it is restored cannot be told",
+    )
+}
+
+fn fail_closed(entity: &EntityId) -> Error {
+    damaged_reason().to_error(entity)
+}
+
+pub(crate) fn inside_own_unit(entity: &EntityId) -> Error {
+    Error::Unavailable {
+        reason: format!(
+            "{entity} was touched from inside its own restore unit; its state is not ready yet"
+        ),
+        retry_after_ms: 0,
+    }
+}

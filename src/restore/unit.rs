@@ -1,0 +1,289 @@
+//! The restore unit (SPEC R3): the one sequence of steps that turns an entity's stored rows
+//! into its in-memory state.
+//!
+//! 1. Load the newest checkpoint (checked against the head and the stored digest, SPEC L4) or
+//!    start fresh.
+//! 2. Replay the log tail, verifying the digest chain record by record.
+//! 3. Move deferred work into the log in arrival order (SPEC R8) and fold it.
+//! 4. If the previous incarnation ended uncleanly and this entity was not yet repaired for it,
+//!    run the application's repair; its records and the "repaired for" mark commit in one batch.
+//! 5. Publish a checkpoint if one is owed (long tail, or the repair changed state).
+//!
+//! Any refusal returns a [`Containment`] naming the step; the caller records it (SPEC R4).
+//! Every call into the application is wrapped in `catch_unwind`, so a panic names its step.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::{Duration, Instant};
+
+use super::RestoreConfig;
+use super::containment::{Containment, ReasonKind};
+use super::keys;
+use super::machine::{Rejection, StateMachine};
+use crate::entity::EntityId;
+use crate::error::Error;
+use crate::log::{self, Guarded, HeadSnapshot};
+use crate::store::{Batch, Partition, Store};
+
+/// An entity's state in memory, with the log head it has folded up to.
+#[derive(Debug)]
+pub struct Loaded<S> {
+    /// The folded state.
+    pub state: S,
+    /// The head of the log as last written or read; the next write is guarded on it.
+    pub head: HeadSnapshot,
+}
+
+/// What one restore unit did (SPEC R9).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnitReport {
+    /// The checkpoint restore started from, if any.
+    pub checkpoint_seq: Option<u64>,
+    /// Log records replayed after the checkpoint.
+    pub replayed: u64,
+    /// Bytes of those records.
+    pub replayed_bytes: u64,
+    /// Deferred records moved into the log and folded.
+    pub deferred: u64,
+    /// Records the unclean-restart repair appended.
+    pub repaired: u64,
+    /// Whether the unit published a checkpoint.
+    pub checkpoint_published: bool,
+    /// Wall time of the unit.
+    pub elapsed: Duration,
+}
+
+/// Rows read per deferred page; a page becomes one batch.
+const DEFER_PAGE: usize = 64;
+/// A deferred page stops growing past this many bytes, keeping its batch under the store's
+/// 64 MiB limit (a single record may add up to 16 MiB more).
+const DEFER_PAGE_BYTES: usize = 24 << 20;
+
+enum Step {
+    Store(Error),
+    Contained(Containment),
+}
+
+impl From<Error> for Step {
+    fn from(e: Error) -> Self {
+        Step::Store(e)
+    }
+}
+
+struct Unit<'a, M: StateMachine> {
+    store: &'a dyn Store,
+    machine: &'a M,
+    entity: &'a EntityId,
+    partition: Partition,
+    config: &'a RestoreConfig,
+}
+
+/// Runs the whole unit for `entity`.
+pub(crate) fn run<M: StateMachine>(
+    store: &dyn Store,
+    machine: &M,
+    entity: &EntityId,
+    config: &RestoreConfig,
+) -> Result<(Loaded<M::State>, UnitReport), Containment> {
+    let started = Instant::now();
+    let unit = Unit {
+        store,
+        machine,
+        entity,
+        partition: entity.partition(),
+        config,
+    };
+    let mut report = UnitReport::default();
+    let (mut state, mut head) = unit.load_and_replay(&mut report)?;
+    head = unit.drain_deferred(&mut state, head, &mut report)?;
+    head = unit.repair(&mut state, head, &mut report)?;
+    head = unit.publish_owed_checkpoint(&state, head, &mut report)?;
+    report.elapsed = started.elapsed();
+    Ok((Loaded { state, head }, report))
+}
+
+/// Calls into the application, turning a panic into a named containment.
+fn app<T>(step: &str, f: impl FnOnce() -> T) -> Result<T, Containment> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| Containment::from_panic(step, &*payload))
+}
+
+impl<M: StateMachine> Unit<'_, M> {
+    fn load_and_replay(
+        &self,
+        report: &mut UnitReport,
+    ) -> Result<(M::State, HeadSnapshot), Containment> {
+        let (head, checkpoint) = log::load_restore_point(self.store, &self.partition)
+            .map_err(|e| Containment::from_store_error(&e, true))?;
+        let (mut state, after_seq, after_digest) = match checkpoint {
+            Some(c) => {
+                report.checkpoint_seq = Some(c.seq);
+                let decoded = app("checkpoint decode", || {
+                    self.machine.decode_checkpoint(self.entity, &c.state)
+                })?
+                .map_err(|r| {
+                    Containment::new(
+                        ReasonKind::Decode,
+                        format!("checkpoint at {} does not decode: {r}", c.seq),
+                    )
+                })?;
+                (decoded, c.seq, c.digest)
+            }
+            None => {
+                let fresh = app("fresh state", || self.machine.fresh(self.entity))?;
+                (fresh, 0, log::GENESIS_DIGEST)
+            }
+        };
+        let replayed = log::replay::<Step>(
+            self.store,
+            &self.partition,
+            &head.head,
+            after_seq,
+            after_digest,
+            |record| {
+                report.replayed_bytes += record.payload.len() as u64;
+                self.apply(&mut state, record.seq, &record.payload)
+                    .map_err(Step::Contained)
+            },
+        );
+        match replayed {
+            Ok(n) => report.replayed = n,
+            Err(Step::Store(e)) => return Err(Containment::from_store_error(&e, false)),
+            Err(Step::Contained(c)) => return Err(c),
+        }
+        Ok((state, head))
+    }
+
+    fn apply(&self, state: &mut M::State, seq: u64, record: &[u8]) -> Result<(), Containment> {
+        app(&format!("apply of record {seq}"), || {
+            self.machine.apply(state, seq, record)
+        })?
+        .map_err(|r: Rejection| {
+            Containment::new(ReasonKind::ApplyRefusal, format!("record {seq}: {r}"))
+        })
+    }
+
+    /// Moves deferred rows into the log, a page per batch, then folds them (SPEC R8). Each batch
+    /// deletes exactly the rows it appends, so a crash between batches neither loses nor
+    /// repeats any deferred record.
+    fn drain_deferred(
+        &self,
+        state: &mut M::State,
+        mut head: HeadSnapshot,
+        report: &mut UnitReport,
+    ) -> Result<HeadSnapshot, Containment> {
+        let io = |e: Error| Containment::from_store_error(&e, false);
+        loop {
+            let page = self
+                .store
+                .scan(&self.partition, &keys::deferred_range(), None, DEFER_PAGE)
+                .map_err(io)?;
+            if page.entries.is_empty() {
+                return Ok(head);
+            }
+            let mut records = Vec::new();
+            let mut extra = Batch::new();
+            let mut bytes = 0usize;
+            for (key, value) in page.entries {
+                if !records.is_empty() && bytes + value.len() > DEFER_PAGE_BYTES {
+                    break;
+                }
+                bytes += value.len();
+                extra = extra.present(key.clone()).delete(key);
+                records.push(value);
+            }
+            let appended = self.append(&head, &records, extra, "deferred work")?;
+            for (i, record) in records.iter().enumerate() {
+                self.apply(state, appended.first_seq + i as u64, record)?;
+            }
+            report.deferred += records.len() as u64;
+            head = appended.head;
+        }
+    }
+
+    fn append(
+        &self,
+        head: &HeadSnapshot,
+        records: &[Vec<u8>],
+        extra: Batch,
+        what: &str,
+    ) -> Result<log::Appended, Containment> {
+        match log::append_at(self.store, &self.partition, head, records, extra) {
+            Ok(Guarded::Committed(appended)) => Ok(appended),
+            Ok(other) => Err(Containment::new(
+                ReasonKind::Io,
+                format!("appending {what}: rows changed under the restore unit ({other:?})"),
+            )),
+            Err(e) => Err(Containment::from_store_error(&e, false)),
+        }
+    }
+
+    /// Runs the unclean-restart repair at most once per entity and unclean incarnation.
+    fn repair(
+        &self,
+        state: &mut M::State,
+        head: HeadSnapshot,
+        report: &mut UnitReport,
+    ) -> Result<HeadSnapshot, Containment> {
+        let Some(unclean) = self.config.unclean_previous else {
+            return Ok(head);
+        };
+        let io = |e: Error| Containment::from_store_error(&e, false);
+        let raw = self
+            .store
+            .get(&self.partition, &keys::repair_key())
+            .map_err(io)?;
+        if raw.as_deref() == Some(unclean.to_be_bytes().as_slice()) {
+            return Ok(head);
+        }
+        let records = app("repair", || {
+            self.machine.repair(self.entity, state, unclean)
+        })?
+        .map_err(|r| Containment::new(ReasonKind::RepairRefusal, r.reason))?;
+        // The mark and the records commit together: a crash before the batch reruns the repair,
+        // a crash after it never does.
+        let guard = match raw {
+            Some(old) => Batch::new().equals(keys::repair_key(), old),
+            None => Batch::new().absent(keys::repair_key()),
+        };
+        let extra = guard.put(keys::repair_key(), unclean.to_be_bytes().to_vec());
+        let appended = self.append(&head, &records, extra, "repair records")?;
+        for (i, record) in records.iter().enumerate() {
+            self.apply(state, appended.first_seq + i as u64, record)?;
+        }
+        report.repaired = records.len() as u64;
+        Ok(appended.head)
+    }
+
+    fn publish_owed_checkpoint(
+        &self,
+        state: &M::State,
+        head: HeadSnapshot,
+        report: &mut UnitReport,
+    ) -> Result<HeadSnapshot, Containment> {
+        let tail = report.replayed + report.deferred + report.repaired;
+        if tail <= self.config.checkpoint_tail_bound && report.repaired == 0 {
+            return Ok(head);
+        }
+        if tail > self.config.checkpoint_tail_bound {
+            ::log::warn!(
+                "{}: replayed a tail of {tail} records (bound {}); publishing a checkpoint",
+                self.entity,
+                self.config.checkpoint_tail_bound
+            );
+        }
+        let bytes = app("checkpoint encode", || {
+            self.machine.encode_checkpoint(state)
+        })?;
+        let seq = head.head.last_seq();
+        match log::write_checkpoint(self.store, &self.partition, &head, seq, bytes, Batch::new()) {
+            Ok(Guarded::Committed(head)) => {
+                report.checkpoint_published = true;
+                Ok(head)
+            }
+            Ok(other) => Err(Containment::new(
+                ReasonKind::Io,
+                format!("publishing a checkpoint: rows changed under the restore unit ({other:?})"),
+            )),
+            Err(e) => Err(Containment::from_store_error(&e, false)),
+        }
+    }
+}

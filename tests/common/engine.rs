@@ -1,0 +1,218 @@
+//! A state machine and store wrappers for the engine tests.
+
+use std::sync::Arc;
+
+use portcullis::store::{MemoryStore, Store};
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use portcullis::EntityId;
+use portcullis::engine::{Engine, EngineBuilder};
+use portcullis::restore::{Rejection, StateMachine};
+use portcullis::store::{Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, StoreStats};
+
+/// The folded state: the records seen, in order, with their sequence numbers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Folded {
+    pub records: Vec<(u64, Vec<u8>)>,
+}
+
+type Hook = Arc<dyn Fn(&EntityId) + Send + Sync>;
+
+/// A test state machine. Records are opaque bytes, except:
+/// `!refuse` is refused by `apply`, `!panic` panics in `apply`, `!bad` fails `validate`.
+/// Every restore unit calls `fresh` or `decode_checkpoint` exactly once, which is counted per
+/// entity; an optional hook runs there (to block a unit, or call back into the engine).
+#[derive(Default)]
+pub struct TestMachine {
+    pub units: Mutex<HashMap<EntityId, u64>>,
+    pub repairs: Mutex<Vec<(EntityId, u64)>>,
+    pub repair_records: Mutex<Vec<Vec<u8>>>,
+    pub on_unit_start: Mutex<Option<Hook>>,
+    pub panic_in_repair: AtomicBool,
+    pub panic_in_encode: AtomicBool,
+}
+
+impl TestMachine {
+    pub fn units_of(&self, e: &EntityId) -> u64 {
+        self.units.lock().get(e).copied().unwrap_or(0)
+    }
+
+    pub fn set_hook(&self, hook: impl Fn(&EntityId) + Send + Sync + 'static) {
+        *self.on_unit_start.lock() = Some(Arc::new(hook));
+    }
+
+    fn unit_started(&self, e: &EntityId) {
+        *self.units.lock().entry(e.clone()).or_default() += 1;
+        // Cloned out first: the hook may restore other entities, which calls back in here.
+        let hook = self.on_unit_start.lock().clone();
+        if let Some(hook) = hook {
+            hook(e);
+        }
+    }
+}
+
+impl StateMachine for TestMachine {
+    type State = Folded;
+
+    fn fresh(&self, e: &EntityId) -> Folded {
+        self.unit_started(e);
+        Folded::default()
+    }
+
+    fn apply(&self, s: &mut Folded, seq: u64, record: &[u8]) -> Result<(), Rejection> {
+        match record {
+            b"!refuse" => Err(Rejection::new("this record is refused")),
+            b"!panic" => panic!("apply met a poisonous record"),
+            _ => {
+                s.records.push((seq, record.to_vec()));
+                Ok(())
+            }
+        }
+    }
+
+    fn encode_checkpoint(&self, s: &Folded) -> Vec<u8> {
+        if self.panic_in_encode.load(Ordering::SeqCst) {
+            panic!("encode crashed");
+        }
+        let mut out = Vec::new();
+        for (seq, r) in &s.records {
+            out.extend_from_slice(&seq.to_le_bytes());
+            out.extend_from_slice(&(r.len() as u32).to_le_bytes());
+            out.extend_from_slice(r);
+        }
+        out
+    }
+
+    fn decode_checkpoint(&self, e: &EntityId, mut b: &[u8]) -> Result<Folded, Rejection> {
+        self.unit_started(e);
+        let mut s = Folded::default();
+        while !b.is_empty() {
+            if b.len() < 12 {
+                return Err(Rejection::new("truncated checkpoint"));
+            }
+            let seq = u64::from_le_bytes(b[..8].try_into().unwrap());
+            let len = u32::from_le_bytes(b[8..12].try_into().unwrap()) as usize;
+            if b.len() < 12 + len {
+                return Err(Rejection::new("truncated checkpoint record"));
+            }
+            s.records.push((seq, b[12..12 + len].to_vec()));
+            b = &b[12 + len..];
+        }
+        Ok(s)
+    }
+
+    fn validate(&self, record: &[u8]) -> Result<(), Rejection> {
+        if record == b"!bad" {
+            return Err(Rejection::new("not a valid record"));
+        }
+        Ok(())
+    }
+
+    fn repair(&self, e: &EntityId, _: &Folded, unclean: u64) -> Result<Vec<Vec<u8>>, Rejection> {
+        self.repairs.lock().push((e.clone(), unclean));
+        if self.panic_in_repair.load(Ordering::SeqCst) {
+            panic!("repair crashed");
+        }
+        Ok(self.repair_records.lock().clone())
+    }
+}
+
+/// A store wrapper that survives `close` (so a test can reopen an engine over the same data),
+/// and can fail reads or writes of one partition on demand (an I/O error).
+pub struct TestStore {
+    pub inner: MemoryStore,
+    pub fail_reads_of: Mutex<Option<Partition>>,
+    pub fail_writes_of: Mutex<Option<Partition>>,
+    pub entity_reads: AtomicU64,
+}
+
+impl TestStore {
+    pub fn new() -> Arc<Self> {
+        Arc::new(TestStore {
+            inner: MemoryStore::new(),
+            fail_reads_of: Mutex::new(None),
+            fail_writes_of: Mutex::new(None),
+            entity_reads: AtomicU64::new(0),
+        })
+    }
+
+    fn read(&self, p: &Partition) -> portcullis::Result<()> {
+        if p.as_bytes().starts_with(b"e/") {
+            self.entity_reads.fetch_add(1, Ordering::SeqCst);
+        }
+        if self.fail_reads_of.lock().as_ref() == Some(p) {
+            return Err(portcullis::Error::Io {
+                context: format!("reading {p}"),
+                source: std::io::Error::other("injected read failure"),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Store for TestStore {
+    fn get(&self, p: &Partition, key: &[u8]) -> portcullis::Result<Option<Vec<u8>>> {
+        self.read(p)?;
+        self.inner.get(p, key)
+    }
+    fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> portcullis::Result<Vec<Option<Vec<u8>>>> {
+        self.read(p)?;
+        self.inner.get_many(p, keys)
+    }
+    fn scan(
+        &self,
+        p: &Partition,
+        range: &KeyRange,
+        cursor: Option<&Cursor>,
+        limit: usize,
+    ) -> portcullis::Result<ScanPage> {
+        self.read(p)?;
+        self.inner.scan(p, range, cursor, limit)
+    }
+    fn apply(&self, p: &Partition, batch: &Batch) -> portcullis::Result<Outcome> {
+        if self.fail_writes_of.lock().as_ref() == Some(p) {
+            return Err(portcullis::Error::Io {
+                context: format!("writing {p}"),
+                source: std::io::Error::other("injected write failure"),
+            });
+        }
+        self.inner.apply(p, batch)
+    }
+    fn list_partitions(&self, prefix: &[u8]) -> portcullis::Result<Vec<Partition>> {
+        self.inner.list_partitions(prefix)
+    }
+    fn now_ms(&self) -> u64 {
+        self.inner.now_ms()
+    }
+    fn stats(&self) -> StoreStats {
+        self.inner.stats()
+    }
+    fn close(&self) -> portcullis::Result<()> {
+        Ok(())
+    }
+}
+
+pub type TestEngine = Engine<Arc<TestMachine>>;
+
+/// A builder over `store` with a small pool, ready for `.open()`.
+pub fn builder(
+    machine: &Arc<TestMachine>,
+    store: &Arc<TestStore>,
+) -> EngineBuilder<Arc<TestMachine>> {
+    Engine::builder(Arc::clone(machine))
+        .store(Arc::clone(store) as Arc<dyn Store>)
+        .pool_threads(2)
+        .warm_parallelism(2)
+}
+
+pub fn entity(i: usize) -> EntityId {
+    EntityId::new("test", format!("e{i}")).unwrap()
+}
+
+/// The records an entity folded, without sequence numbers.
+pub fn payloads(engine: &TestEngine, e: &EntityId) -> portcullis::Result<Vec<Vec<u8>>> {
+    engine.read(e, |s| s.records.iter().map(|(_, r)| r.clone()).collect())
+}

@@ -1,0 +1,370 @@
+//! The restore unit through the engine: lazy open (R1), exactly once (R2), the unit's steps
+//! (R3), deferred work (R8), unclean-restart repair, and checkpoint verification (L4).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use common::engine::{TestMachine, TestStore, builder, entity, payloads};
+use parking_lot::Mutex;
+use portcullis::engine::Deferred;
+use portcullis::log::{self, Checkpoint, keys};
+use portcullis::restore::{Metrics, ReasonKind, UnitReport};
+use portcullis::store::{Batch, Store};
+use portcullis::{EntityId, Error};
+
+#[derive(Default)]
+struct Reports(Mutex<Vec<(EntityId, UnitReport)>>);
+
+impl Metrics for Reports {
+    fn entity_restored(&self, entity: &EntityId, report: &UnitReport) {
+        self.0.lock().push((entity.clone(), report.clone()));
+    }
+}
+
+fn recs(items: &[&str]) -> Vec<Vec<u8>> {
+    items.iter().map(|s| s.as_bytes().to_vec()).collect()
+}
+
+#[test]
+fn r1_open_reads_no_entity_and_serves_at_once() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        for i in 0..50 {
+            engine.register(&entity(i)).unwrap();
+            engine.append(&entity(i), 0, recs(&["a", "b"])).unwrap();
+        }
+        engine.close().unwrap();
+    }
+    let machine = Arc::new(TestMachine::default());
+    store.entity_reads.store(0, Ordering::SeqCst);
+    let engine = builder(&machine, &store).open().unwrap();
+    assert_eq!(
+        store.entity_reads.load(Ordering::SeqCst),
+        0,
+        "open read entity rows"
+    );
+    let stats = engine.stats();
+    assert_eq!((stats.phases.entities, stats.phases.pending), (50, 50));
+    assert_eq!(stats.units_run, 0);
+    // Serving one entity restores that entity only.
+    assert_eq!(payloads(&engine, &entity(7)).unwrap(), recs(&["a", "b"]));
+    let stats = engine.stats();
+    assert_eq!((stats.phases.restored, stats.phases.pending), (1, 49));
+    assert_eq!(machine.units_of(&entity(7)), 1);
+    assert_eq!(machine.units_of(&entity(8)), 0);
+}
+
+#[test]
+fn r2_every_path_shares_one_unit() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).open().unwrap();
+    let e = entity(1);
+    engine.register(&e).unwrap();
+    engine.read(&e, |_| ()).unwrap();
+    engine.append(&e, 0, recs(&["x"])).unwrap();
+    engine.checkpoint(&e).unwrap();
+    assert_eq!(
+        engine.defer(&e, b"y".to_vec()).unwrap(),
+        Deferred::Applied { seq: 2 }
+    );
+    engine.warm().unwrap().wait();
+    assert_eq!(machine.units_of(&e), 1);
+    assert_eq!(engine.stats().units_run, 1);
+    assert_eq!(payloads(&engine, &e).unwrap(), recs(&["x", "y"]));
+}
+
+#[test]
+fn r3_restore_loads_the_checkpoint_and_replays_only_the_tail() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let e = entity(1);
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        engine.register(&e).unwrap();
+        engine
+            .append(&e, 0, recs(&["1", "2", "3", "4", "5"]))
+            .unwrap();
+        assert_eq!(engine.checkpoint(&e).unwrap(), 5);
+        engine.append(&e, 0, recs(&["6", "7", "8"])).unwrap();
+        engine.close().unwrap();
+    }
+    let reports = Arc::new(Reports::default());
+    let engine = builder(&machine, &store)
+        .metrics(Arc::clone(&reports) as Arc<dyn Metrics>)
+        .open()
+        .unwrap();
+    let seqs = engine.read(&e, |s| {
+        s.records.iter().map(|(q, _)| *q).collect::<Vec<_>>()
+    });
+    assert_eq!(seqs.unwrap(), (1..=8).collect::<Vec<u64>>());
+    let reports = reports.0.lock();
+    let report = &reports[0].1;
+    assert_eq!(report.checkpoint_seq, Some(5));
+    assert_eq!(report.replayed, 3);
+    assert!(!report.checkpoint_published);
+}
+
+#[test]
+fn r3_a_long_tail_publishes_an_owed_checkpoint() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let e = entity(1);
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        engine.register(&e).unwrap();
+        for i in 0..10 {
+            engine.append(&e, 0, vec![vec![i]]).unwrap();
+        }
+        engine.close().unwrap();
+    }
+    for expected_replay in [10, 0] {
+        let reports = Arc::new(Reports::default());
+        let engine = builder(&machine, &store)
+            .checkpoint_tail_bound(4)
+            .metrics(Arc::clone(&reports) as Arc<dyn Metrics>)
+            .open()
+            .unwrap();
+        assert_eq!(payloads(&engine, &e).unwrap().len(), 10);
+        let report = reports.0.lock()[0].1.clone();
+        assert_eq!(report.replayed, expected_replay);
+        assert_eq!(report.checkpoint_published, expected_replay > 4);
+        engine.close().unwrap();
+    }
+}
+
+#[test]
+fn r3_code_inside_a_unit_can_touch_its_own_entity_without_deadlock() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).open().unwrap();
+    let (a, b) = (entity(1), entity(2));
+    engine.register(&a).unwrap();
+    engine.register(&b).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    {
+        let engine = engine.clone();
+        let seen = Arc::clone(&seen);
+        let (a, b) = (a.clone(), b.clone());
+        machine.set_hook(move |e| {
+            if *e == a {
+                // Its own entity: answered at once. Another entity: restored inline.
+                let own = engine.read(&a, |_| ()).map_err(|e| e.code());
+                let other = engine.read(&b, |s| s.records.len()).map_err(|e| e.code());
+                seen.lock().push((own, other));
+            }
+        });
+    }
+    engine.read(&a, |_| ()).unwrap();
+    let seen = seen.lock();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].0, Err(10), "own entity answers Unavailable");
+    assert_eq!(seen[0].1, Ok(0));
+    assert_eq!(machine.units_of(&b), 1);
+}
+
+#[test]
+fn r8_deferred_work_is_durable_when_accepted_and_applied_in_arrival_order() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let e = entity(1);
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        engine.register(&e).unwrap();
+        engine.append(&e, 0, recs(&["a"])).unwrap();
+        engine.close().unwrap();
+    }
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        assert_eq!(engine.defer(&e, b"d1".to_vec()).unwrap(), Deferred::Queued);
+        assert_eq!(engine.defer(&e, b"d2".to_vec()).unwrap(), Deferred::Queued);
+        // Bad input is refused and stores nothing.
+        assert!(matches!(
+            engine.defer(&e, b"!bad".to_vec()),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert_eq!(
+            engine.stats().phases.pending,
+            1,
+            "defer restored the entity"
+        );
+        assert_eq!(engine.stats().units_run, 0);
+        // Crash: no clean close. The deferred rows are already durable.
+        drop(engine);
+    }
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        assert_eq!(engine.defer(&e, b"d3".to_vec()).unwrap(), Deferred::Queued);
+        assert_eq!(
+            payloads(&engine, &e).unwrap(),
+            recs(&["a", "d1", "d2", "d3"])
+        );
+        let seqs = engine.read(&e, |s| {
+            s.records.iter().map(|(q, _)| *q).collect::<Vec<_>>()
+        });
+        assert_eq!(seqs.unwrap(), vec![1, 2, 3, 4]);
+        engine.close().unwrap();
+    }
+    // Applied exactly once: the rows moved into the log and are gone.
+    let page = store.scan(
+        &e.partition(),
+        &portcullis::restore::keys::deferred_range(),
+        None,
+        10,
+    );
+    assert!(page.unwrap().entries.is_empty());
+    let engine = builder(&machine, &store).open().unwrap();
+    assert_eq!(
+        payloads(&engine, &e).unwrap(),
+        recs(&["a", "d1", "d2", "d3"])
+    );
+}
+
+#[test]
+fn r3_repair_runs_exactly_once_per_entity_and_unclean_incarnation() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    *machine.repair_records.lock() = recs(&["repaired"]);
+    let (a, b) = (entity(1), entity(2));
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        assert_eq!((engine.incarnation(), engine.unclean_previous()), (1, None));
+        engine.register(&a).unwrap();
+        engine.register(&b).unwrap();
+        engine.append(&a, 0, recs(&["x"])).unwrap();
+        drop(engine); // crash
+    }
+    assert!(
+        machine.repairs.lock().is_empty(),
+        "no repair after a clean start"
+    );
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        assert_eq!(
+            (engine.incarnation(), engine.unclean_previous()),
+            (2, Some(1))
+        );
+        assert_eq!(payloads(&engine, &a).unwrap(), recs(&["x", "repaired"]));
+        // The repair fails on b and contains it; nothing of it was appended.
+        machine.panic_in_repair.store(true, Ordering::SeqCst);
+        let err = engine.read(&b, |_| ()).unwrap_err();
+        assert!(err.to_string().contains("panic"), "{err}");
+        machine.panic_in_repair.store(false, Ordering::SeqCst);
+        // Released, b's unit runs again and the repair with it; a's never reruns.
+        assert!(engine.release(&b).unwrap());
+        assert_eq!(payloads(&engine, &b).unwrap(), recs(&["repaired"]));
+        drop(engine); // crash again, after both repairs committed
+    }
+    let repairs: Vec<(EntityId, u64)> = machine.repairs.lock().drain(..).collect();
+    assert_eq!(
+        repairs,
+        vec![(a.clone(), 1), (b.clone(), 1), (b.clone(), 1)]
+    );
+    {
+        // Incarnation 2 ended uncleanly too: one more repair each, for incarnation 2.
+        let engine = builder(&machine, &store).open().unwrap();
+        assert_eq!(engine.unclean_previous(), Some(2));
+        assert_eq!(
+            payloads(&engine, &a).unwrap(),
+            recs(&["x", "repaired", "repaired"])
+        );
+        engine.close().unwrap();
+    }
+    assert_eq!(
+        machine.repairs.lock().drain(..).collect::<Vec<_>>(),
+        vec![(a.clone(), 2)]
+    );
+    // After a clean close, no repair at all.
+    let engine = builder(&machine, &store).open().unwrap();
+    assert_eq!(engine.unclean_previous(), None);
+    engine.read(&a, |_| ()).unwrap();
+    engine.read(&b, |_| ()).unwrap();
+    assert!(machine.repairs.lock().is_empty());
+}
+
+#[test]
+fn r3_repair_already_committed_is_not_rerun_when_the_unit_reruns() {
+    // The repair batch commits, then the unit fails at its owed checkpoint (the application's
+    // encoder panics): the entity is contained. Released, the unit reruns in the same
+    // incarnation, replays the repair's record from the log, and must not repair again.
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    *machine.repair_records.lock() = recs(&["fix"]);
+    let e = entity(1);
+    drop({
+        let engine = builder(&machine, &store).open().unwrap();
+        engine.register(&e).unwrap();
+        engine
+    }); // crash
+    let engine = builder(&machine, &store).open().unwrap();
+    machine.panic_in_encode.store(true, Ordering::SeqCst);
+    let err = engine.read(&e, |_| ()).unwrap_err();
+    assert!(
+        err.to_string().contains("panic: during checkpoint encode"),
+        "{err}"
+    );
+    machine.panic_in_encode.store(false, Ordering::SeqCst);
+    assert!(engine.release(&e).unwrap());
+    assert_eq!(payloads(&engine, &e).unwrap(), recs(&["fix"]));
+    assert_eq!(machine.repairs.lock().len(), 1);
+    assert_eq!(machine.units_of(&e), 2);
+}
+
+#[test]
+fn l4_a_checkpoint_that_does_not_match_its_history_is_contained() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let (e, other) = (entity(1), entity(2));
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        for x in [&e, &other] {
+            engine.register(x).unwrap();
+            engine.append(x, 0, recs(&["a", "b", "c"])).unwrap();
+            engine.checkpoint(x).unwrap();
+        }
+        engine.close().unwrap();
+    }
+    // Forge e's checkpoint: the right sequence number, a digest from another history.
+    let p = e.partition();
+    let mut head = log::read_head(&*store, &p).unwrap().head;
+    let forged = Checkpoint {
+        seq: 3,
+        digest: 42,
+        state: Vec::new(),
+    };
+    head.checkpoint = Some(forged.mark());
+    let _ = store
+        .apply(
+            &p,
+            &Batch::new()
+                .put(keys::checkpoint_key(), forged.encode())
+                .put(keys::head_key(), head.encode()),
+        )
+        .unwrap();
+    let engine = builder(&machine, &store).open().unwrap();
+    let err = engine.read(&e, |_| ()).unwrap_err();
+    assert!(matches!(err, Error::Contained { .. }), "{err}");
+    assert!(err.to_string().contains("corrupt-checkpoint"), "{err}");
+    let reason = engine.containment(&e).unwrap().unwrap();
+    assert_eq!(reason.kind, ReasonKind::CorruptCheckpoint);
+    assert_eq!(payloads(&engine, &other).unwrap().len(), 3);
+    // The off-lock audit agrees on the healthy entity...
+    assert!(engine.verify_checkpoint(&other).unwrap());
+    // ...and catches history rewritten under a restored entity's checkpoint.
+    let q = other.partition();
+    let mut row = store.get(&q, &keys::record_key(1)).unwrap().unwrap();
+    *row.last_mut().unwrap() ^= 1;
+    let _ = store
+        .apply(&q, &Batch::new().put(keys::record_key(1), row))
+        .unwrap();
+    let err = engine.verify_checkpoint(&other).unwrap_err();
+    assert!(err.to_string().contains("corrupt-checkpoint"), "{err}");
+    assert_eq!(
+        engine.read(&other, |_| ()).unwrap_err().to_string(),
+        err.to_string()
+    );
+}

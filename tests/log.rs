@@ -1,0 +1,359 @@
+//! Entity logs and checkpoints (SPEC L1-L4), run against every store backend.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::backends::{Backend, each_backend};
+use portcullis::Error;
+use portcullis::log::{
+    self, Checkpoint, GENESIS_DIGEST, Guarded, MAX_RECORD_BYTES, chain_digest, keys,
+};
+use portcullis::store::{Batch, KeyRange, Outcome, Partition, Store};
+
+fn part(name: &str) -> Partition {
+    Partition::new(format!("e/test/{name}")).unwrap()
+}
+
+fn append_n(store: &dyn Store, p: &Partition, n: usize) {
+    let records: Vec<Vec<u8>> = (0..n).map(|i| format!("r{i}").into_bytes()).collect();
+    log::append(store, p, &records, Batch::new())
+        .unwrap()
+        .committed()
+        .unwrap();
+}
+
+fn all_records(store: &dyn Store, p: &Partition) -> Vec<log::LogRecord> {
+    let mut out = Vec::new();
+    let mut from = 1;
+    loop {
+        let page = log::read_log(store, p, from, 7).unwrap();
+        out.extend(page.records);
+        match page.next_seq {
+            Some(next) => from = next,
+            None => return out,
+        }
+    }
+}
+
+#[test]
+fn l1_sequence_numbers_are_consecutive_from_one() {
+    each_backend(|b: &Backend| {
+        let s = &*b.store;
+        let p = part("seq");
+        let a = log::append(s, &p, &[b"a".to_vec()], Batch::new())
+            .unwrap()
+            .committed()
+            .unwrap();
+        assert_eq!((a.first_seq, a.last_seq), (1, 1), "{}", b.name);
+        let a = log::append(s, &p, &[b"b".to_vec(), b"c".to_vec()], Batch::new())
+            .unwrap()
+            .committed()
+            .unwrap();
+        assert_eq!((a.first_seq, a.last_seq), (2, 3));
+        let head = log::read_head(s, &p).unwrap().head;
+        assert_eq!((head.first_seq, head.next_seq), (1, 4));
+        let seqs: Vec<u64> = all_records(s, &p).iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, vec![1, 2, 3]);
+    });
+}
+
+#[test]
+fn l1_extra_rows_commit_with_the_records_or_not_at_all() {
+    each_backend(|b| {
+        let s = &*b.store;
+        let p = part("extra");
+        let extra = Batch::new()
+            .absent(b"app".to_vec())
+            .put(b"app".to_vec(), b"1".to_vec());
+        let a = log::append(s, &p, &[b"x".to_vec()], extra.clone()).unwrap();
+        assert!(a.committed().is_some(), "{}", b.name);
+        assert_eq!(s.get(&p, b"app").unwrap(), Some(b"1".to_vec()));
+        // Same guard again fails: index counts the caller's guards only, nothing changes.
+        let refused = log::append(s, &p, &[b"y".to_vec()], extra).unwrap();
+        assert_eq!(
+            refused,
+            Guarded::Refused(Outcome::PreconditionFailed { index: 0 })
+        );
+        assert_eq!(log::read_head(s, &p).unwrap().head.next_seq, 2);
+        assert_eq!(all_records(s, &p).len(), 1);
+    });
+}
+
+#[test]
+fn l1_stale_head_is_refused_and_changes_nothing() {
+    each_backend(|b| {
+        let s = &*b.store;
+        let p = part("stale");
+        let stale = log::read_head(s, &p).unwrap();
+        append_n(s, &p, 2);
+        let moved = log::append_at(s, &p, &stale, &[b"late".to_vec()], Batch::new()).unwrap();
+        assert_eq!(moved, Guarded::HeadMoved, "{}", b.name);
+        assert_eq!(all_records(s, &p).len(), 2);
+        // The head returned by a commit guards the next append without re-reading.
+        let fresh = log::read_head(s, &p).unwrap();
+        let a = log::append_at(s, &p, &fresh, &[b"n".to_vec()], Batch::new())
+            .unwrap()
+            .committed()
+            .unwrap();
+        let b2 = log::append_at(s, &p, &a.head, &[b"m".to_vec()], Batch::new()).unwrap();
+        assert_eq!(b2.committed().unwrap().last_seq, 4);
+    });
+}
+
+#[test]
+fn l1_bad_input_is_refused_and_changes_nothing() {
+    each_backend(|b| {
+        let s = &*b.store;
+        let p = part("bad");
+        let big = vec![0u8; MAX_RECORD_BYTES + 1];
+        let err = log::append(s, &p, &[big], Batch::new()).unwrap_err();
+        assert!(
+            matches!(err, Error::TooLarge { what: "record", .. }),
+            "{}: {err}",
+            b.name
+        );
+        let err = log::append(
+            s,
+            &p,
+            &[b"x".to_vec()],
+            Batch::new().put(keys::head_key(), b"".to_vec()),
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)));
+        let err = log::append(
+            s,
+            &p,
+            &[b"x".to_vec()],
+            Batch::new().delete_range(KeyRange::all()),
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)));
+        // Application rows outside the reserved prefix are fine, even a range of them.
+        log::append(
+            s,
+            &p,
+            &[b"x".to_vec()],
+            Batch::new().delete_range(KeyRange::prefix(b"a")),
+        )
+        .unwrap()
+        .committed()
+        .unwrap();
+        assert_eq!(log::read_head(s, &p).unwrap().head.next_seq, 2);
+    });
+}
+
+#[test]
+fn l1_concurrent_appenders_never_share_a_sequence_number() {
+    each_backend(|b| {
+        let p = part("race");
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let store = Arc::clone(&b.store);
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20 {
+                        let rec = format!("{t}-{i}").into_bytes();
+                        // Under heavy contention `append` may give up (bounded retries); the
+                        // caller retries, as the error asks.
+                        loop {
+                            match log::append(&*store, &p, std::slice::from_ref(&rec), Batch::new())
+                            {
+                                Ok(done) => break assert!(done.committed().is_some()),
+                                Err(Error::Unavailable { .. }) => continue,
+                                Err(e) => panic!("{e}"),
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let records = all_records(&*b.store, &p);
+        assert_eq!(records.len(), 160, "{}", b.name);
+        let head = log::read_head(&*b.store, &p).unwrap().head;
+        let replayed =
+            log::replay::<Error>(&*b.store, &p, &head, 0, GENESIS_DIGEST, |_| Ok(())).unwrap();
+        assert_eq!(replayed, 160);
+    });
+}
+
+#[test]
+fn l2_read_log_pages_from_any_sequence_number() {
+    each_backend(|b| {
+        let s = &*b.store;
+        let p = part("pages");
+        append_n(s, &p, 300);
+        let page = log::read_log(s, &p, 295, 3).unwrap();
+        let seqs: Vec<u64> = page.records.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, vec![295, 296, 297], "{}", b.name);
+        assert_eq!(page.next_seq, Some(298));
+        let last = log::read_log(s, &p, 298, 3).unwrap();
+        assert_eq!(last.records.len(), 3);
+        assert_eq!(last.next_seq, None);
+        assert!(log::read_log(s, &p, 301, 3).unwrap().records.is_empty());
+        assert_eq!(all_records(s, &p).len(), 300);
+        assert_eq!(all_records(s, &p)[299].payload, b"r299");
+        assert!(log::read_log(s, &p, 1, 0).is_err());
+    });
+}
+
+#[test]
+fn l3_checkpoint_then_replay_only_the_tail() {
+    each_backend(|b| {
+        let s = &*b.store;
+        let p = part("ckpt");
+        append_n(s, &p, 10);
+        let head = log::read_head(s, &p).unwrap();
+        let at = log::write_checkpoint(s, &p, &head, 6, b"state@6".to_vec(), Batch::new())
+            .unwrap()
+            .committed()
+            .unwrap();
+        append_n(s, &p, 2);
+        let (head, ckpt) = log::load_restore_point(s, &p).unwrap();
+        let ckpt = ckpt.unwrap();
+        assert_eq!(
+            (ckpt.seq, ckpt.state.as_slice()),
+            (6, &b"state@6"[..]),
+            "{}",
+            b.name
+        );
+        assert_eq!(at.head.checkpoint, Some(ckpt.mark()));
+        let mut tail = Vec::new();
+        let n = log::replay::<Error>(s, &p, &head.head, ckpt.seq, ckpt.digest, |r| {
+            tail.push(r.seq);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(n, 6);
+        assert_eq!(tail, vec![7, 8, 9, 10, 11, 12]);
+        // An older checkpoint than the newest is refused.
+        assert!(log::write_checkpoint(s, &p, &head, 3, vec![], Batch::new()).is_err());
+    });
+}
+
+#[test]
+fn l3_truncation_keeps_restore_and_verification_working() {
+    each_backend(|b| {
+        let s = &*b.store;
+        let p = part("trunc");
+        append_n(s, &p, 20);
+        let head = log::read_head(s, &p).unwrap();
+        // Nothing is covered by a checkpoint yet: truncation is refused.
+        assert!(log::truncate_before(s, &p, &head, 5).is_err(), "{}", b.name);
+        let head = log::write_checkpoint(s, &p, &head, 15, b"s".to_vec(), Batch::new())
+            .unwrap()
+            .committed()
+            .unwrap();
+        assert!(log::truncate_before(s, &p, &head, 17).is_err());
+        let head = log::truncate_before(s, &p, &head, 16)
+            .unwrap()
+            .committed()
+            .unwrap();
+        assert_eq!(head.head.first_seq, 16);
+        let page = log::read_log(s, &p, 1, 100).unwrap();
+        assert_eq!(page.records.first().map(|r| r.seq), Some(16));
+        let (head, ckpt) = log::load_restore_point(s, &p).unwrap();
+        let ckpt = ckpt.unwrap();
+        let n = log::replay::<Error>(s, &p, &head.head, ckpt.seq, ckpt.digest, |_| Ok(())).unwrap();
+        assert_eq!(n, 5);
+        log::verify_checkpoint_against_history(s, &p, &ckpt.mark()).unwrap();
+        // The truncated rows are gone from the partition.
+        assert!(s.get(&p, &keys::record_key(3)).unwrap().is_none());
+    });
+}
+
+#[test]
+fn l4_digest_chains_every_record() {
+    each_backend(|b| {
+        let s = &*b.store;
+        let p = part("digest");
+        log::append(s, &p, &[b"a".to_vec(), b"b".to_vec()], Batch::new())
+            .unwrap()
+            .committed()
+            .unwrap();
+        let d1 = chain_digest(GENESIS_DIGEST, 1, b"a");
+        let d2 = chain_digest(d1, 2, b"b");
+        let records = all_records(s, &p);
+        assert_eq!(
+            (records[0].digest, records[1].digest),
+            (d1, d2),
+            "{}",
+            b.name
+        );
+        assert_eq!(log::read_head(s, &p).unwrap().head.digest, d2);
+    });
+}
+
+#[test]
+fn l4_a_tampered_record_stops_replay_before_it_is_applied() {
+    each_backend(|b| {
+        let s = &*b.store;
+        let p = part("tamper");
+        append_n(s, &p, 5);
+        // Rewrite record 3's payload but keep its stored digest: history no longer matches.
+        let row = s.get(&p, &keys::record_key(3)).unwrap().unwrap();
+        let mut forged = row.clone();
+        *forged.last_mut().unwrap() ^= 1;
+        let _ = s
+            .apply(&p, &Batch::new().put(keys::record_key(3), forged))
+            .unwrap();
+        let head = log::read_head(s, &p).unwrap().head;
+        let mut applied = Vec::new();
+        let err = log::replay::<Error>(s, &p, &head, 0, GENESIS_DIGEST, |r| {
+            applied.push(r.seq);
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{}: {err}", b.name);
+        assert_eq!(applied, vec![1, 2]);
+        // A missing record is a gap, also corrupt.
+        let _ = s
+            .apply(
+                &p,
+                &Batch::new()
+                    .put(keys::record_key(3), row)
+                    .delete(keys::record_key(4)),
+            )
+            .unwrap();
+        let err = log::replay::<Error>(s, &p, &head, 0, GENESIS_DIGEST, |_| Ok(())).unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }));
+    });
+}
+
+#[test]
+fn l4_a_checkpoint_that_does_not_match_its_history_is_detected() {
+    each_backend(|b| {
+        let s = &*b.store;
+        let p = part("forged");
+        append_n(s, &p, 8);
+        let head = log::read_head(s, &p).unwrap();
+        log::write_checkpoint(s, &p, &head, 5, b"good".to_vec(), Batch::new())
+            .unwrap()
+            .committed()
+            .unwrap();
+        // Forge a checkpoint (and the head's mark) claiming a digest from another history.
+        let mut head = log::read_head(s, &p).unwrap().head;
+        let forged = Checkpoint {
+            seq: 5,
+            digest: 0xdead_beef,
+            state: b"evil".to_vec(),
+        };
+        head.checkpoint = Some(forged.mark());
+        let _ = s
+            .apply(
+                &p,
+                &Batch::new()
+                    .put(keys::checkpoint_key(), forged.encode())
+                    .put(keys::head_key(), head.encode()),
+            )
+            .unwrap();
+        let err = log::load_restore_point(s, &p).unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{}: {err}", b.name);
+        assert!(err.to_string().contains("checkpoint"));
+        let err = log::verify_checkpoint_against_history(s, &p, &forged.mark()).unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }));
+    });
+}
