@@ -3,7 +3,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use portcullis::store::{Batch, FileStore, KeyRange, Outcome, Partition, Store, SyncPolicy};
+use portcullis::log;
+use portcullis::store::{Batch, FileStore, Outcome, Partition, Store, SyncPolicy};
 
 use crate::common::{Bench, DataSet, Order, R, Reader, System, Worker, value};
 
@@ -68,20 +69,19 @@ impl Reader for LogReader {
     fn read_entity(&self, entity: u64) -> R<(usize, usize)> {
         let p = entity_partition(entity)?;
         let (mut n, mut bytes) = (0, 0);
-        let mut cursor = None;
+        let mut from = 1;
         loop {
-            let page = self
-                .store
-                .scan(&p, &KeyRange::all(), cursor.as_ref(), 1024)?;
-            for (k, v) in &page.entries {
-                if k.as_slice() != (n as u64).to_be_bytes() {
+            let page = log::read_log(&self.store, &p, from, 1024)?;
+            for r in &page.records {
+                // The log numbers records from 1.
+                if r.seq != n as u64 + 1 {
                     return Err("records out of order".into());
                 }
                 n += 1;
-                bytes += v.len();
+                bytes += r.payload.len();
             }
-            match page.next {
-                Some(c) => cursor = Some(c),
+            match page.next_seq {
+                Some(next) => from = next,
                 None => return Ok((n, bytes)),
             }
         }
@@ -100,8 +100,9 @@ impl System for Portcullis {
     fn config(&self) -> String {
         "FileStore, SyncPolicy::SyncEveryCommit (default: `apply` returns once the batch is \
          fdatasync'd; concurrent commits share a sync), other options default; single-row \
-         commits: one partition per thread; logs: one partition per entity, key = big-endian \
-         seq, each append a guarded batch (absent(seq) + put)"
+         commits: one partition per thread; logs: one partition per entity written and read with \
+         `portcullis::log` (`append`: one guarded batch per append, guarded on the log's head \
+         row; `read_log` pages of 1,024)"
             .into()
     }
 
@@ -141,25 +142,26 @@ impl System for Portcullis {
         match data.order {
             Order::Interleaved => {
                 for (e, s) in data.rows() {
-                    let key = s.to_be_bytes().to_vec();
-                    let b = Batch::new()
-                        .absent(key.clone())
-                        .put(key, value(e, s, data.value_len));
-                    if !store.apply(&entity_partition(e)?, &b)?.is_committed() {
+                    let record = value(e, s, data.value_len);
+                    let p = entity_partition(e)?;
+                    if log::append(&store, &p, &[record], Batch::new())?
+                        .committed()
+                        .is_none()
+                    {
                         return Err("append refused".into());
                     }
                 }
             }
             Order::PerEntity => {
                 for e in 0..data.entities {
-                    let mut b = Batch::new();
-                    for s in 0..data.records {
-                        b = b.absent(s.to_be_bytes().to_vec());
-                    }
-                    for s in 0..data.records {
-                        b = b.put(s.to_be_bytes().to_vec(), value(e, s, data.value_len));
-                    }
-                    if !store.apply(&entity_partition(e)?, &b)?.is_committed() {
+                    let records: Vec<Vec<u8>> = (0..data.records)
+                        .map(|s| value(e, s, data.value_len))
+                        .collect();
+                    let p = entity_partition(e)?;
+                    if log::append(&store, &p, &records, Batch::new())?
+                        .committed()
+                        .is_none()
+                    {
                         return Err("append refused".into());
                     }
                 }
