@@ -32,6 +32,7 @@ struct Options {
     only: Vec<String>,
     systems: Vec<String>,
     cold: bool,
+    read_all: bool,
     out: Option<String>,
 }
 
@@ -60,6 +61,7 @@ impl Options {
             only: Vec::new(),
             systems: Vec::new(),
             cold: true,
+            read_all: true,
             out: None,
         };
         let mut args = std::env::args().skip(1);
@@ -88,13 +90,15 @@ impl Options {
                 }
                 "--cas-threads" => o.cas_threads = next()?.parse()?,
                 "--no-cold" => o.cold = false,
+                "--first-only" => o.read_all = false,
                 "--out" => o.out = Some(next()?),
                 "--help" | "-h" => {
                     println!(
                         "options: --quick | --runs N (default 3) | --big-runs N (default 3) | \
                          --seconds S per throughput run (default 3) | \
                          --only commits,cas,logs,open | --systems portcullis,sqlite,redb,fjall | \
-                         --threads 1,4,16,64 | --cas-threads N (default 16) | --no-cold | --out FILE (also write \
+                         --threads 1,4,16,64 | --cas-threads N (default 16) | --no-cold | \
+                         --first-only (skip reading every entity after the first answer) | --out FILE (also write \
                          the markdown there)"
                     );
                     std::process::exit(0);
@@ -417,7 +421,7 @@ fn main() -> R<()> {
                         .into());
                     }
                     let t_all = Instant::now();
-                    for e in 0..data.entities {
+                    for e in (0..data.entities).filter(|_| o.read_all) {
                         let (count, _) = reader.read_entity(e)?;
                         if count as u64 != data.records {
                             return Err(
