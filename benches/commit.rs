@@ -95,7 +95,9 @@ fn run(
 fn main() {
     let full = full_run();
     let thread_counts: &[usize] = &[1, 4, 16, 64];
-    let mut c = Criterion::default().sample_size(SAMPLES).configure_from_args();
+    let mut c = Criterion::default()
+        .sample_size(SAMPLES)
+        .configure_from_args();
     let mut rows: Vec<Row> = Vec::new();
     for layout in [Layout::OwnPartition, Layout::OnePartition] {
         let mut group = c.benchmark_group(format!("durable_commit_{}", layout.name()));

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{
-    append_history, copy_store_files, dir_bytes, env_u64, full_run, last_segment_bytes, median, mib,
-    open_for_loading, partitions, scratch,
+    append_history, copy_store_files, dir_bytes, env_u64, full_run, last_segment_bytes, median,
+    mib, open_for_loading, partitions, scratch,
 };
 use criterion::Criterion;
 use portcullis::store::{FileStore, KeyRange, OpenReport, Partition, Store};

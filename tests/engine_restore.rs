@@ -368,3 +368,38 @@ fn l4_a_checkpoint_that_does_not_match_its_history_is_contained() {
         err.to_string()
     );
 }
+
+/// R2: a revocation push is a touch: the pending entity is restored (once) before its lease is
+/// pushed, like on every other path.
+#[test]
+fn r2_a_revocation_push_restores_the_entity_first() {
+    use portcullis::fence::{RevokeBudget, RevokeProgress};
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let e = entity(1);
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        engine.register(&e).unwrap();
+        // A fenced write takes a lease, so revocation will have to push to this entity.
+        engine.append(&e, 0, recs(&["a"])).unwrap();
+        engine.close().unwrap();
+    }
+    assert_eq!(machine.units_of(&e), 1);
+    let engine = builder(&machine, &store).open().unwrap();
+    assert_eq!(machine.units_of(&e), 1, "open restores nothing");
+    engine.bump_epoch(e.namespace(), 1).unwrap();
+    let mut steps = 0;
+    while engine
+        .revoke_step(e.namespace(), RevokeBudget::default())
+        .unwrap()
+        != RevokeProgress::Complete
+    {
+        steps += 1;
+        assert!(steps < 100, "revocation did not complete");
+    }
+    assert_eq!(machine.units_of(&e), 2, "the push restored the entity");
+    assert_eq!(engine.stats().units_run, 1);
+    // Later touches share that unit.
+    assert_eq!(payloads(&engine, &e).unwrap(), recs(&["a"]));
+    assert_eq!(machine.units_of(&e), 2);
+}

@@ -113,6 +113,20 @@ impl<M: StateMachine> Engine<M> {
                 warm: Mutex::new(None),
             }),
         };
+        // A revocation push is a touch too (SPEC R2): restore the entity before its lease
+        // changes. A refusal does not stop revocation: the lease is pushed either way, and the
+        // refusal is already recorded for every other toucher.
+        let restorer = Arc::downgrade(&engine.inner.restorer);
+        engine
+            .inner
+            .fence
+            .set_push_observer(Arc::new(move |entity| {
+                if let Some(restorer) = restorer.upgrade()
+                    && let Err(e) = restorer.touch(entity)
+                {
+                    ::log::debug!("revocation touched {entity}, which answered: {e}");
+                }
+            }));
         if config.warm_on_open {
             engine.warm()?;
         }
