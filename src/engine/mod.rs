@@ -155,7 +155,9 @@ impl<M: StateMachine> Engine<M> {
         self.inner.incarnation.number
     }
 
-    /// The previous incarnation, if it ended without a clean shutdown.
+    /// The unclean incarnation this one owes repairs for: the previous incarnation if it ended
+    /// without a clean shutdown, or an older one whose repair some entity has not had yet
+    /// (an incarnation that closes before restoring every entity carries the obligation on).
     pub fn unclean_previous(&self) -> Option<u64> {
         self.inner.incarnation.unclean_previous
     }
@@ -378,7 +380,9 @@ impl<M: StateMachine> Engine<M> {
         drop(open);
         // A warm started by a call that was in flight when close began.
         self.stop_warm();
-        incarnation::end_clean(&*self.inner.store, &self.inner.incarnation)?;
+        let phases = self.inner.restorer.phase_counts();
+        let all_restored = phases.restored == phases.entities;
+        incarnation::end_clean(&*self.inner.store, &self.inner.incarnation, all_restored)?;
         self.inner.store.close()
     }
 
