@@ -85,14 +85,13 @@ impl<M: StateMachine> Engine<M> {
             restore_config,
             config.metrics,
         ));
-        let registered = restorer.load_registered()?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(config.pool_threads)
             .thread_name(|i| format!("portcullis-{i}"))
             .build()
             .map_err(|e| Error::invalid(format!("could not start the thread pool: {e}")))?;
         ::log::info!(
-            "engine open: incarnation {}, {registered} entities pending",
+            "engine open: incarnation {}; entities restore on first touch",
             incarnation.number
         );
         let engine = Engine {
@@ -173,10 +172,10 @@ impl<M: StateMachine> Engine<M> {
         self.inner.restorer.register(entity)
     }
 
-    /// Every registered entity, in no particular order.
+    /// Every registered entity, in name order. Lists partition names: O(entities), no rows.
     pub fn entities(&self) -> Result<Vec<EntityId>> {
         let _open = self.enter()?;
-        Ok(self.inner.restorer.entities())
+        self.inner.restorer.entities()
     }
 
     /// Reads an entity's state through `f`, restoring it first if it is pending (SPEC R2).
@@ -293,7 +292,7 @@ impl<M: StateMachine> Engine<M> {
             &self.inner.restorer,
             &self.inner.pool,
             self.inner.warm_parallelism,
-        );
+        )?;
         *current = Some(warm.clone());
         Ok(warm)
     }
@@ -328,7 +327,7 @@ impl<M: StateMachine> Engine<M> {
         self.warm()?.wait();
         let mut acc = init;
         let mut contained = 0;
-        for entity in self.inner.restorer.entities() {
+        for entity in self.inner.restorer.entities()? {
             let slot = match self.touch(&entity) {
                 Ok(slot) => slot,
                 Err(Error::Contained { .. }) => {

@@ -925,6 +925,17 @@ impl Store for FileStore {
         Ok(names)
     }
 
+    fn contains_partition(&self, p: &Partition) -> Result<bool> {
+        self.inner.check_open()?;
+        let table = self.inner.table.read();
+        let name = p.as_bytes();
+        Ok(table.untouched.contains_key(name)
+            || table
+                .touched
+                .get(name)
+                .is_some_and(|s| partition::head_of(s) != 0))
+    }
+
     fn now_ms(&self) -> u64 {
         self.inner.config.clock.now_ms()
     }
