@@ -272,11 +272,15 @@ fn r3_repair_runs_exactly_once_per_entity_and_unclean_incarnation() {
             payloads(&engine, &a).unwrap(),
             recs(&["x", "repaired", "repaired"])
         );
+        assert_eq!(
+            payloads(&engine, &b).unwrap(),
+            recs(&["repaired", "repaired"])
+        );
         engine.close().unwrap();
     }
     assert_eq!(
         machine.repairs.lock().drain(..).collect::<Vec<_>>(),
-        vec![(a.clone(), 2)]
+        vec![(a.clone(), 2), (b.clone(), 2)]
     );
     // After a clean close, no repair at all.
     let engine = builder(&machine, &store).open().unwrap();
@@ -367,4 +371,86 @@ fn l4_a_checkpoint_that_does_not_match_its_history_is_contained() {
         engine.read(&other, |_| ()).unwrap_err().to_string(),
         err.to_string()
     );
+}
+
+/// R2: a revocation push is a touch: the pending entity is restored (once) before its lease is
+/// pushed, like on every other path.
+#[test]
+fn r2_a_revocation_push_restores_the_entity_first() {
+    use portcullis::fence::{RevokeBudget, RevokeProgress};
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let e = entity(1);
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        engine.register(&e).unwrap();
+        // A fenced write takes a lease, so revocation will have to push to this entity.
+        engine.append(&e, 0, recs(&["a"])).unwrap();
+        engine.close().unwrap();
+    }
+    assert_eq!(machine.units_of(&e), 1);
+    let engine = builder(&machine, &store).open().unwrap();
+    assert_eq!(machine.units_of(&e), 1, "open restores nothing");
+    engine.bump_epoch(e.namespace(), 1).unwrap();
+    let mut steps = 0;
+    while engine
+        .revoke_step(e.namespace(), RevokeBudget::default())
+        .unwrap()
+        != RevokeProgress::Complete
+    {
+        steps += 1;
+        assert!(steps < 100, "revocation did not complete");
+    }
+    assert_eq!(machine.units_of(&e), 2, "the push restored the entity");
+    assert_eq!(engine.stats().units_run, 1);
+    // Later touches share that unit.
+    assert_eq!(payloads(&engine, &e).unwrap(), recs(&["a"]));
+    assert_eq!(machine.units_of(&e), 2);
+}
+
+/// R3: a repair owed after a crash is not lost when the next incarnation closes cleanly before
+/// restoring every entity: the obligation is carried to the following incarnation.
+#[test]
+fn r3_an_owed_repair_survives_a_clean_close_that_restored_nothing() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    *machine.repair_records.lock() = recs(&["repaired"]);
+    let (a, b) = (entity(1), entity(2));
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        engine.register(&a).unwrap();
+        engine.register(&b).unwrap();
+        engine.append(&a, 0, recs(&["one"])).unwrap();
+        drop(engine); // crash
+    }
+    {
+        // Incarnation 2 repairs only b, then closes cleanly.
+        let engine = builder(&machine, &store).open().unwrap();
+        assert_eq!(engine.unclean_previous(), Some(1));
+        assert_eq!(payloads(&engine, &b).unwrap(), recs(&["repaired"]));
+        engine.close().unwrap();
+    }
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        assert_eq!(
+            engine.unclean_previous(),
+            Some(1),
+            "the repair for 1 is still owed"
+        );
+        assert_eq!(payloads(&engine, &a).unwrap(), recs(&["one", "repaired"]));
+        assert_eq!(
+            payloads(&engine, &b).unwrap(),
+            recs(&["repaired"]),
+            "b is not repaired twice"
+        );
+        engine.close().unwrap();
+    }
+    let engine = builder(&machine, &store).open().unwrap();
+    assert_eq!(
+        engine.unclean_previous(),
+        None,
+        "every entity got its repair"
+    );
+    let repairs: Vec<(EntityId, u64)> = machine.repairs.lock().clone();
+    assert_eq!(repairs, vec![(b.clone(), 1), (a.clone(), 1)]);
 }

@@ -255,6 +255,23 @@ fn f2_declined_write_leaves_no_lease_state() {
     });
 }
 
+/// SPEC F2: a write refused on the caller's own precondition leaves no lease state behind,
+/// even when it would have needed a renewal.
+#[test]
+fn f2_refused_write_leaves_no_lease_state() {
+    each_backend(|env| {
+        let e = env.entity("a");
+        let before = snapshot(&*env.store);
+        let refused = Batch::new()
+            .absent(b"free".to_vec())
+            .present(b"missing".to_vec())
+            .put(b"k".to_vec(), b"v".to_vec());
+        let outcome = env.fence.write(&e, 0, refused).unwrap();
+        assert_eq!(outcome, WriteOutcome::PreconditionFailed { index: 1 });
+        assert_eq!(snapshot(&*env.store), before);
+    });
+}
+
 #[test]
 fn f2_grant_ids_are_unique() {
     each_backend(|env| {
@@ -486,12 +503,15 @@ fn f4_a_slice_is_bounded_by_pages_pushes_and_time() {
 fn f4_push_writes_the_lease_even_when_absent_then_acknowledges() {
     each_backend(|env| {
         let (ns, e) = (env.ns(), env.entity("a"));
-        // A renewal whose entity batch failed on the caller's own guard leaves a row, no lease.
-        let refused = env
-            .fence
-            .write(&e, 0, Batch::new().present(b"nope".to_vec()))
+        // A leased-shard row whose entity has no lease (as a renewal leaves when its entity
+        // batch fails after the row committed): write, then remove the entity's lease.
+        committed(env.fence.write(&e, 0, put("k")).unwrap());
+        let lease_key = env.fence.keys().lease().to_vec();
+        let removed = env
+            .store
+            .apply(&e.partition(), &Batch::new().delete(lease_key))
             .unwrap();
-        assert_eq!(refused, WriteOutcome::PreconditionFailed { index: 0 });
+        assert!(removed.is_committed());
         let row = env.shard_row(&e).unwrap();
         assert!(env.lease(&e).is_none());
         env.fence.bump_epoch(&ns, 1).unwrap();

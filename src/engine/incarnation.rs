@@ -1,6 +1,11 @@
 //! Incarnations: each open-to-close lifetime of a store gets the next number, recorded durably
 //! at open, and a clean shutdown is recorded at close. An open that finds the previous
 //! incarnation not marked clean knows it ended uncleanly, and restore runs the repair (SPEC R3).
+//!
+//! A repair is owed to every entity, but an incarnation may close before it has restored them
+//! all. So a clean close records which unclean incarnation is still owed a repair (unless every
+//! entity was restored), and the next incarnation carries the obligation forward: a repair is
+//! never lost because the incarnation after a crash closed early.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +21,8 @@ const INCARNATION_KEY: &[u8] = b"incarnation";
 struct IncarnationRow {
     number: u64,
     clean: bool,
+    /// The unclean incarnation some entity may still need a repair for.
+    owed_repair: Option<u64>,
 }
 
 /// This process's incarnation.
@@ -39,10 +46,18 @@ pub(crate) fn begin(store: &dyn Store) -> Result<Incarnation> {
         None => None,
     };
     let number = previous.map_or(0, |r| r.number) + 1;
-    let unclean_previous = previous.filter(|r| !r.clean).map(|r| r.number);
+    let unclean_previous = previous.and_then(|r| {
+        if r.clean {
+            r.owed_repair
+        } else {
+            Some(r.number)
+        }
+    });
+    // Until this incarnation closes cleanly, a crash makes it the one owed a repair.
     let written = encode_row(&IncarnationRow {
         number,
         clean: false,
+        owed_repair: unclean_previous,
     });
     let guard = match raw {
         Some(bytes) => Batch::new().equals(INCARNATION_KEY.to_vec(), bytes),
@@ -71,12 +86,26 @@ pub(crate) fn begin(store: &dyn Store) -> Result<Incarnation> {
     })
 }
 
-/// Records a clean shutdown of `incarnation`.
-pub(crate) fn end_clean(store: &dyn Store, incarnation: &Incarnation) -> Result<()> {
+/// Records a clean shutdown of `incarnation`. `all_restored` says whether every entity was
+/// restored in it (and so got any repair it was owed).
+pub(crate) fn end_clean(
+    store: &dyn Store,
+    incarnation: &Incarnation,
+    all_restored: bool,
+) -> Result<()> {
     let p = system_partition();
+    let owed_repair = if all_restored {
+        None
+    } else {
+        incarnation.unclean_previous
+    };
+    if let Some(owed) = owed_repair {
+        ::log::info!("not every entity was restored; the repair for incarnation {owed} stays owed");
+    }
     let clean = encode_row(&IncarnationRow {
         number: incarnation.number,
         clean: true,
+        owed_repair,
     });
     let batch = Batch::new()
         .equals(INCARNATION_KEY.to_vec(), incarnation.written.clone())

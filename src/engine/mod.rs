@@ -85,14 +85,13 @@ impl<M: StateMachine> Engine<M> {
             restore_config,
             config.metrics,
         ));
-        let registered = restorer.load_registered()?;
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(config.pool_threads)
             .thread_name(|i| format!("portcullis-{i}"))
             .build()
             .map_err(|e| Error::invalid(format!("could not start the thread pool: {e}")))?;
         ::log::info!(
-            "engine open: incarnation {}, {registered} entities pending",
+            "engine open: incarnation {}; entities restore on first touch",
             incarnation.number
         );
         let engine = Engine {
@@ -113,6 +112,20 @@ impl<M: StateMachine> Engine<M> {
                 warm: Mutex::new(None),
             }),
         };
+        // A revocation push is a touch too (SPEC R2): restore the entity before its lease
+        // changes. A refusal does not stop revocation: the lease is pushed either way, and the
+        // refusal is already recorded for every other toucher.
+        let restorer = Arc::downgrade(&engine.inner.restorer);
+        engine
+            .inner
+            .fence
+            .set_push_observer(Arc::new(move |entity| {
+                if let Some(restorer) = restorer.upgrade()
+                    && let Err(e) = restorer.touch(entity)
+                {
+                    ::log::debug!("revocation touched {entity}, which answered: {e}");
+                }
+            }));
         if config.warm_on_open {
             engine.warm()?;
         }
@@ -141,7 +154,9 @@ impl<M: StateMachine> Engine<M> {
         self.inner.incarnation.number
     }
 
-    /// The previous incarnation, if it ended without a clean shutdown.
+    /// The unclean incarnation this one owes repairs for: the previous incarnation if it ended
+    /// without a clean shutdown, or an older one whose repair some entity has not had yet
+    /// (an incarnation that closes before restoring every entity carries the obligation on).
     pub fn unclean_previous(&self) -> Option<u64> {
         self.inner.incarnation.unclean_previous
     }
@@ -157,10 +172,10 @@ impl<M: StateMachine> Engine<M> {
         self.inner.restorer.register(entity)
     }
 
-    /// Every registered entity, in no particular order.
+    /// Every registered entity, in name order. Lists partition names: O(entities), no rows.
     pub fn entities(&self) -> Result<Vec<EntityId>> {
         let _open = self.enter()?;
-        Ok(self.inner.restorer.entities())
+        self.inner.restorer.entities()
     }
 
     /// Reads an entity's state through `f`, restoring it first if it is pending (SPEC R2).
@@ -277,7 +292,7 @@ impl<M: StateMachine> Engine<M> {
             &self.inner.restorer,
             &self.inner.pool,
             self.inner.warm_parallelism,
-        );
+        )?;
         *current = Some(warm.clone());
         Ok(warm)
     }
@@ -312,7 +327,7 @@ impl<M: StateMachine> Engine<M> {
         self.warm()?.wait();
         let mut acc = init;
         let mut contained = 0;
-        for entity in self.inner.restorer.entities() {
+        for entity in self.inner.restorer.entities()? {
             let slot = match self.touch(&entity) {
                 Ok(slot) => slot,
                 Err(Error::Contained { .. }) => {
@@ -364,7 +379,9 @@ impl<M: StateMachine> Engine<M> {
         drop(open);
         // A warm started by a call that was in flight when close began.
         self.stop_warm();
-        incarnation::end_clean(&*self.inner.store, &self.inner.incarnation)?;
+        let phases = self.inner.restorer.phase_counts();
+        let all_restored = phases.restored == phases.entities;
+        incarnation::end_clean(&*self.inner.store, &self.inner.incarnation, all_restored)?;
         self.inner.store.close()
     }
 

@@ -9,7 +9,7 @@ use crate::store::StoreStats;
 pub struct EngineStats {
     /// This process's incarnation.
     pub incarnation: u64,
-    /// The previous incarnation, if it ended uncleanly.
+    /// The unclean incarnation repairs are owed for (see `Engine::unclean_previous`).
     pub unclean_previous: Option<u64>,
     /// Entities by phase.
     pub phases: PhaseCounts,

@@ -93,7 +93,12 @@ struct Inner {
     switches: RwLock<GuardSwitches>,
     grant_seed: u64,
     grant_counter: AtomicU64,
+    /// Told before revocation pushes a lease to an entity (see [`Fence::set_push_observer`]).
+    push_observer: RwLock<Option<PushObserver>>,
 }
+
+/// Called with an entity just before revocation pushes a lease to it.
+pub type PushObserver = Arc<dyn Fn(&crate::entity::EntityId) + Send + Sync>;
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -147,8 +152,26 @@ impl Fence {
                 switches: RwLock::new(GuardSwitches::default()),
                 grant_seed: seed.finish(),
                 grant_counter: AtomicU64::new(0),
+                push_observer: RwLock::new(None),
             }),
         }
+    }
+
+    /// Installs a function called with each entity just before revocation pushes a lease to
+    /// it. The engine uses it so that a push counts as a touch of the entity (SPEC R2): the
+    /// entity is restored first, exactly once, like on any other path. The function must not
+    /// call back into this fence's revocation.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::{ManualClock, store::MemoryStore};
+    /// use portcullis::fence::{Fence, FenceConfig};
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock, FenceConfig::default());
+    /// fence.set_push_observer(Arc::new(|entity| println!("about to push a lease to {entity}")));
+    /// ```
+    pub fn set_push_observer(&self, observer: PushObserver) {
+        *self.inner.push_observer.write() = Some(observer);
     }
 
     /// Which fence this is.

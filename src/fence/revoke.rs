@@ -292,6 +292,10 @@ impl Fence {
         epoch_raw: Option<&[u8]>,
         epoch: u64,
     ) -> Result<PushResult> {
+        let observer = self.inner.push_observer.read().clone();
+        if let Some(observe) = observer {
+            observe(entity);
+        }
         let pending = PendingAck {
             ns: ns.clone(),
             entity: entity.clone(),

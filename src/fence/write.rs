@@ -6,7 +6,7 @@ use super::stats::Counters;
 use super::{Fence, HookPoint, guard_as_read};
 use crate::entity::EntityId;
 use crate::error::{Error, Result};
-use crate::store::{Batch, Op, Outcome};
+use crate::store::{Batch, Op, Outcome, Precondition};
 
 /// How many times a write re-plans after a failed lease guard, a lost renewal race or a
 /// passed deadline before it answers `Unavailable` (SPEC F3, F8).
@@ -60,6 +60,8 @@ pub enum WriteOutcome {
 /// One planned attempt.
 enum Attempt {
     Declined,
+    /// The caller's own precondition at this index already fails; nothing was written.
+    Refused(usize),
     LostRace,
     Ready(PlannedWrite),
 }
@@ -143,6 +145,16 @@ fn plan_attempt(
         fg.fence.refuse_reserved_keys(&user)?;
     }
 
+    // SPEC F2: a refused write leaves no lease state behind. A renewal commits the leased-shard
+    // row before the entity batch can be checked, so check the caller's own preconditions
+    // first (one read). A precondition that changes between this check and the commit can
+    // still leave a row behind; it expires, and the sweeper deletes it.
+    if prepared.iter().any(|p| p.renewal.is_some())
+        && let Some(index) = first_failing_guard(fences[0].fence, entity, &user)?
+    {
+        return Ok(Attempt::Refused(index));
+    }
+
     // SPEC F2: the leased-shard row commits in the coordinator before the entity's lease.
     let coordinator = entity.namespace().coordinator_partition();
     for (fg, p) in fences.iter().zip(&prepared) {
@@ -175,6 +187,40 @@ fn plan_attempt(
         fence_guards,
         epochs: write_plan.epochs,
     }))
+}
+
+/// The index of the first of the caller's key preconditions that does not hold now, read in
+/// one `get_many`. Deadlines are left to the commit, where the store's clock decides them.
+fn first_failing_guard(fence: &Fence, entity: &EntityId, user: &Batch) -> Result<Option<usize>> {
+    let keys: Vec<&[u8]> = user
+        .guards()
+        .iter()
+        .filter_map(|g| match g {
+            Precondition::Equals(k, _) | Precondition::Absent(k) | Precondition::Present(k) => {
+                Some(k.as_slice())
+            }
+            Precondition::NotAfter(_) => None,
+        })
+        .collect();
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let values = fence.inner.store.get_many(&entity.partition(), &keys)?;
+    let mut values = values.into_iter();
+    for (index, guard) in user.guards().iter().enumerate() {
+        let holds = match guard {
+            Precondition::Equals(_, expected) => {
+                values.next().flatten().as_deref() == Some(expected.as_slice())
+            }
+            Precondition::Absent(_) => values.next().flatten().is_none(),
+            Precondition::Present(_) => values.next().flatten().is_some(),
+            Precondition::NotAfter(_) => true,
+        };
+        if !holds {
+            return Ok(Some(index));
+        }
+    }
+    Ok(None)
 }
 
 /// One fence's part of an attempt: what was read, and what the entity batch must carry.
@@ -254,6 +300,7 @@ pub fn write_under(
     for attempt in 0..MAX_WRITE_ATTEMPTS {
         match plan_attempt(fences, entity, attempt, &mut plan)? {
             Attempt::Declined => return Ok(WriteOutcome::Declined),
+            Attempt::Refused(index) => return Ok(WriteOutcome::PreconditionFailed { index }),
             Attempt::LostRace => {
                 log::debug!("renewal for {entity} lost a race; re-planning");
             }
@@ -293,7 +340,7 @@ impl Fence {
         let fences = [FenceGrant { fence: self, grant }];
         match plan_attempt(&fences, entity, 0, &mut |_| Some(batch.clone()))? {
             Attempt::Ready(planned) => Ok(Some(planned)),
-            Attempt::LostRace | Attempt::Declined => Ok(None),
+            Attempt::LostRace | Attempt::Declined | Attempt::Refused(_) => Ok(None),
         }
     }
 

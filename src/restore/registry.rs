@@ -130,19 +130,14 @@ impl<M: StateMachine> Restorer<M> {
         &self.metrics
     }
 
-    /// Records every entity partition in the store as pending, reading only partition names
-    /// (SPEC R1). Returns how many entities are registered.
-    pub(crate) fn load_registered(&self) -> Result<usize> {
+    /// Every registered entity: one whose partition exists in the store. Reads partition names
+    /// only (SPEC R1), never rows.
+    fn registered(&self) -> Result<Vec<EntityId>> {
         let partitions = self.store.list_partitions(b"e/")?;
-        let mut slots = self.slots.write();
-        for p in partitions {
-            if let Some(entity) = EntityId::from_partition(&p) {
-                slots
-                    .entry(entity.clone())
-                    .or_insert_with(|| Arc::new(Self::pending_slot(entity)));
-            }
-        }
-        Ok(slots.len())
+        Ok(partitions
+            .iter()
+            .filter_map(EntityId::from_partition)
+            .collect())
     }
 
     fn pending_slot(entity: EntityId) -> Slot<M::State> {
@@ -173,13 +168,21 @@ impl<M: StateMachine> Restorer<M> {
         Ok(inserted)
     }
 
-    /// The slot of a registered entity.
+    /// The slot of a registered entity. Slots are made on first need, so an entity nobody has
+    /// touched costs nothing here: open does no work per entity (SPEC R1), and an entity
+    /// without a slot is pending.
     pub fn slot(&self, entity: &EntityId) -> Result<Arc<Slot<M::State>>> {
-        self.slots
-            .read()
-            .get(entity)
-            .cloned()
-            .ok_or_else(|| Error::UnknownEntity(entity.to_string()))
+        if let Some(slot) = self.slots.read().get(entity) {
+            return Ok(Arc::clone(slot));
+        }
+        if !self.store.contains_partition(&entity.partition())? {
+            return Err(Error::UnknownEntity(entity.to_string()));
+        }
+        let mut slots = self.slots.write();
+        let slot = slots
+            .entry(entity.clone())
+            .or_insert_with(|| Arc::new(Self::pending_slot(entity.clone())));
+        Ok(Arc::clone(slot))
     }
 
     /// Touches an entity (SPEC R2): restores it now if it is pending, waits if another thread
@@ -368,26 +371,36 @@ impl<M: StateMachine> Restorer<M> {
         }
     }
 
-    /// The entities still pending, in no particular order.
-    pub fn pending(&self) -> Vec<EntityId> {
-        let slots: Vec<Arc<Slot<M::State>>> = self.slots.read().values().cloned().collect();
-        slots
+    /// The entities still pending, in name order. Lists partition names (O(entities)).
+    pub fn pending(&self) -> Result<Vec<EntityId>> {
+        let registered = self.registered()?;
+        let slots = self.slots.read();
+        Ok(registered
             .into_iter()
-            .filter(|s| matches!(*s.gate.lock(), Phase::Pending))
-            .map(|s| s.entity.clone())
-            .collect()
+            .filter(|e| {
+                slots
+                    .get(e)
+                    .is_none_or(|s| matches!(*s.gate.lock(), Phase::Pending))
+            })
+            .collect())
     }
 
-    /// Every registered entity.
-    pub fn entities(&self) -> Vec<EntityId> {
-        self.slots.read().keys().cloned().collect()
+    /// Every registered entity, in name order. Lists partition names (O(entities)).
+    pub fn entities(&self) -> Result<Vec<EntityId>> {
+        self.registered()
     }
 
-    /// Counts entities by phase.
+    /// Counts entities by phase. Counting the registered entities lists partition names
+    /// (O(entities), no rows); an entity never touched is pending.
     pub fn phase_counts(&self) -> PhaseCounts {
+        let registered = self
+            .store
+            .list_partitions(b"e/")
+            .map_or(0, |p| p.len() as u64);
         let slots: Vec<Arc<Slot<M::State>>> = self.slots.read().values().cloned().collect();
         let mut counts = PhaseCounts {
-            entities: slots.len() as u64,
+            entities: registered.max(slots.len() as u64),
+            pending: registered.saturating_sub(slots.len() as u64),
             ..PhaseCounts::default()
         };
         for slot in slots {

@@ -131,8 +131,8 @@ pub(crate) fn start<M: StateMachine>(
     restorer: &Arc<Restorer<M>>,
     pool: &rayon::ThreadPool,
     parallelism: usize,
-) -> Warm {
-    let ids: Arc<Vec<EntityId>> = Arc::new(restorer.pending());
+) -> crate::error::Result<Warm> {
+    let ids: Arc<Vec<EntityId>> = Arc::new(restorer.pending()?);
     let begin = Arc::clone(restorer);
     let end = Arc::clone(restorer);
     let shared = Arc::new(Shared {
@@ -154,7 +154,7 @@ pub(crate) fn start<M: StateMachine>(
     let workers = parallelism.max(1).min(ids.len());
     if workers == 0 {
         finish(restorer, &shared);
-        return Warm { shared };
+        return Ok(Warm { shared });
     }
     let next = Arc::new(AtomicUsize::new(0));
     let left = Arc::new(AtomicUsize::new(workers));
@@ -171,7 +171,7 @@ pub(crate) fn start<M: StateMachine>(
             }
         });
     }
-    Warm { shared }
+    Ok(Warm { shared })
 }
 
 fn work<M: StateMachine>(

@@ -168,6 +168,11 @@ impl Store for MemoryStore {
         Ok(names)
     }
 
+    fn contains_partition(&self, p: &Partition) -> Result<bool> {
+        self.check_open()?;
+        Ok(self.partitions.read().contains_key(p))
+    }
+
     fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }

@@ -71,6 +71,13 @@ pub trait Store: Send + Sync {
     /// The partitions whose name starts with `prefix`, in name order. Reads no partition's rows.
     fn list_partitions(&self, prefix: &[u8]) -> Result<Vec<Partition>>;
 
+    /// Whether partition `p` exists: a batch of it has committed. Reads no rows.
+    ///
+    /// The default lists partitions; backends answer it from their table in constant time.
+    fn contains_partition(&self, p: &Partition) -> Result<bool> {
+        Ok(self.list_partitions(p.as_bytes())?.first() == Some(p))
+    }
+
     /// The store's clock, which `NotAfter` preconditions are checked against.
     fn now_ms(&self) -> u64;
 

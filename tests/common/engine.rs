@@ -184,6 +184,9 @@ impl Store for TestStore {
     fn list_partitions(&self, prefix: &[u8]) -> portcullis::Result<Vec<Partition>> {
         self.inner.list_partitions(prefix)
     }
+    fn contains_partition(&self, p: &Partition) -> portcullis::Result<bool> {
+        self.inner.contains_partition(p)
+    }
     fn now_ms(&self) -> u64 {
         self.inner.now_ms()
     }

@@ -476,18 +476,29 @@ impl Journal {
                 detail.to_owned(),
             )
         };
-        let mut header = [0u8; FRAME_LEN];
-        segment
-            .file
-            .read_exact_at(&mut header, loc_offset(at))
-            .map_err(|_| damaged("record header unreadable"))?;
-        let frame = format::decode_frame(segment.seed, &header)
+        // Most records are small: one read fetches the frame and, usually, the whole body.
+        let mut buf = vec![0u8; SPECULATIVE_READ];
+        let got = read_up_to(&*segment.file, &mut buf, loc_offset(at))
+            .map_err(|_| damaged("record unreadable"))?;
+        if got < FRAME_LEN {
+            return Err(damaged("record header unreadable"));
+        }
+        let frame = format::decode_frame(segment.seed, &buf[..FRAME_LEN])
             .ok_or_else(|| damaged("record header failed its checksum"))?;
-        let mut body = vec![0u8; frame.body_len as usize];
-        segment
-            .file
-            .read_exact_at(&mut body, loc_offset(at) + FRAME_LEN as u64)
-            .map_err(|_| damaged("record body unreadable"))?;
+        let end = FRAME_LEN + frame.body_len as usize;
+        if end <= got {
+            buf.truncate(end);
+            buf.drain(..FRAME_LEN);
+        } else {
+            buf.truncate(got);
+            buf.resize(end, 0);
+            segment
+                .file
+                .read_exact_at(&mut buf[got..], loc_offset(at) + got as u64)
+                .map_err(|_| damaged("record body unreadable"))?;
+            buf.drain(..FRAME_LEN);
+        }
+        let body = buf;
         if format::body_crc(&body) != frame.body_crc {
             return Err(damaged("record body failed its checksum"));
         }
@@ -541,6 +552,23 @@ impl Journal {
             st.written_lsn
         }
     }
+}
+
+/// Bytes read at once when a record is fetched by location (frame plus a typical body).
+const SPECULATIVE_READ: usize = 4096;
+
+/// Reads as much of `buf` as the file holds at `offset`; returns how many bytes were read.
+fn read_up_to(file: &dyn VfsFile, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 /// A committer's announcement that it will append (see [`Journal::announce`]). Appending

@@ -167,10 +167,26 @@ impl FileStoreBuilder {
     }
 }
 
-struct Slot {
-    /// The newest record of the partition as of open; superseded by the state once touched.
-    head: Loc,
-    state: Option<Arc<PartState>>,
+/// Every partition the store knows. An untouched partition costs only its name and the
+/// location of its newest record (SPEC S8); the first touch moves it to `touched`, where its
+/// state lives.
+#[derive(Default)]
+struct Table {
+    untouched: HashMap<Box<[u8]>, Loc>,
+    touched: HashMap<Box<[u8]>, Arc<PartState>>,
+}
+
+impl Table {
+    /// Every partition with its current head (0 for one created whose first batch has not
+    /// committed).
+    fn heads(&self) -> impl Iterator<Item = (&[u8], Loc)> {
+        let untouched = self.untouched.iter().map(|(n, &h)| (&**n, h));
+        let touched = self
+            .touched
+            .iter()
+            .map(|(n, s)| (&**n, partition::head_of(s)));
+        untouched.chain(touched)
+    }
 }
 
 struct SnapshotState {
@@ -183,7 +199,7 @@ struct SnapshotState {
 struct Inner {
     config: FileStoreBuilder,
     journal: Arc<Journal>,
-    table: RwLock<HashMap<Box<[u8]>, Slot>>,
+    table: RwLock<Table>,
     damage: Damage,
     closed: AtomicBool,
     lock: Mutex<Option<Box<dyn VfsLock>>>,
@@ -342,11 +358,10 @@ impl FileStore {
             config.segment_bytes,
             outcome.tail,
         ));
-        let table = outcome
-            .heads
-            .into_iter()
-            .map(|(name, head)| (name, Slot { head, state: None }))
-            .collect();
+        let table = Table {
+            untouched: outcome.heads,
+            touched: HashMap::new(),
+        };
         let syncer = match config.sync_policy {
             SyncPolicy::PeriodicMayLoseRecent { interval_ms } => {
                 Some(spawn_periodic_syncer(journal.clone(), interval_ms))
@@ -460,25 +475,28 @@ impl Inner {
 
     /// The state of partition `p`; `None` if it has never been written and `create` is false.
     fn part(&self, p: &Partition, create: bool) -> Option<Arc<PartState>> {
+        let name = p.as_bytes();
         {
             let table = self.table.read();
-            match table.get(p.as_bytes()) {
-                Some(Slot { state: Some(s), .. }) => return Some(s.clone()),
-                None if !create => return None,
-                _ => {}
+            if let Some(state) = table.touched.get(name) {
+                return Some(state.clone());
+            }
+            if !create && !table.untouched.contains_key(name) {
+                return None;
             }
         }
         let mut table = self.table.write();
-        let slot = table.entry(Box::from(p.as_bytes())).or_insert(Slot {
-            head: 0,
-            state: None,
-        });
-        let head = slot.head;
-        Some(
-            slot.state
-                .get_or_insert_with(|| Arc::new(PartState::new(p.clone(), head)))
-                .clone(),
-        )
+        if let Some(state) = table.touched.get(name) {
+            return Some(state.clone());
+        }
+        let (name, head) = match table.untouched.remove_entry(name) {
+            Some(entry) => entry,
+            None if create => (Box::from(name), 0),
+            None => return None,
+        };
+        let state = Arc::new(PartState::new(p.clone(), head));
+        table.touched.insert(name, state.clone());
+        Some(state)
     }
 
     fn ensure_loaded(&self, state: &PartState) -> Result<()> {
@@ -633,17 +651,11 @@ impl Inner {
         let bytes_before = self.journal.counters.bytes_appended.load(Ordering::Relaxed);
         let (segment, offset, next_lsn, heads) = self.journal.with_appends_paused(|| {
             let table = self.table.read();
-            let mut heads = Vec::with_capacity(table.len());
-            for (name, slot) in table.iter() {
-                let head = match &slot.state {
-                    Some(state) => partition::head_of(state),
-                    None => slot.head,
-                };
-                if head != 0 {
-                    heads.push((name.to_vec(), head));
-                }
-            }
-            heads
+            table
+                .heads()
+                .filter(|&(_, head)| head != 0)
+                .map(|(name, head)| (name.to_vec(), head))
+                .collect::<Vec<_>>()
         });
         // Every head must point at a durable record before the snapshot names it.
         self.journal.sync_all()?;
@@ -901,13 +913,9 @@ impl Store for FileStore {
         self.inner.check_open()?;
         let table = self.inner.table.read();
         let mut names = Vec::new();
-        for (name, slot) in table.iter() {
-            // A partition exists once a batch of it has been written; a refused first batch
-            // leaves no trace.
-            let head = slot
-                .state
-                .as_ref()
-                .map_or(slot.head, |s| partition::head_of(s));
+        // A partition exists once a batch of it has been written; a refused first batch
+        // leaves no trace.
+        for (name, head) in table.heads() {
             if head != 0 && name.starts_with(prefix) {
                 names.push(Partition::new(name)?);
             }
@@ -915,6 +923,17 @@ impl Store for FileStore {
         drop(table);
         names.sort();
         Ok(names)
+    }
+
+    fn contains_partition(&self, p: &Partition) -> Result<bool> {
+        self.inner.check_open()?;
+        let table = self.inner.table.read();
+        let name = p.as_bytes();
+        Ok(table.untouched.contains_key(name)
+            || table
+                .touched
+                .get(name)
+                .is_some_and(|s| partition::head_of(s) != 0))
     }
 
     fn now_ms(&self) -> u64 {
@@ -931,7 +950,7 @@ impl Store for FileStore {
                 .counters
                 .bytes_appended
                 .load(Ordering::Relaxed),
-            partitions: inner.table.read().len() as u64,
+            partitions: inner.table.read().heads().filter(|&(_, h)| h != 0).count() as u64,
             partitions_loaded: inner.loaded.load(Ordering::Relaxed),
             segments: inner.journal.live_segments().len() as u64,
             compactions: inner.compactions.load(Ordering::Relaxed),
