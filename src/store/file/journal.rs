@@ -79,6 +79,10 @@ struct State {
     failed: Option<String>,
     /// Set at close: no record may be appended after the final snapshot.
     sealed: bool,
+    /// Commits appended since a leader last took the queue.
+    queued_records: usize,
+    /// A leader is waiting for the commits under way to append.
+    gathering: bool,
 }
 
 /// Counters of the journal.
@@ -96,8 +100,8 @@ pub struct Journal {
     segment_bytes: u64,
     state: Mutex<State>,
     durable: Condvar,
-    /// Committers that announced an append they have not made yet (see [`AppendIntent`]).
-    intents: AtomicUsize,
+    /// Committers inside a commit right now (see [`AppendIntent`]).
+    active: AtomicUsize,
     /// Signalled when an announced append is made or abandoned, for a gathering leader.
     gathered: Condvar,
     /// Recent sync duration in nanoseconds (an exponentially weighted average).
@@ -186,9 +190,11 @@ impl Journal {
                 leader_active: false,
                 failed: None,
                 sealed: false,
+                queued_records: 0,
+                gathering: false,
             }),
             durable: Condvar::new(),
-            intents: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
             gathered: Condvar::new(),
             sync_nanos: AtomicU64::new(0),
             segments: RwLock::new(tail.segments),
@@ -197,14 +203,11 @@ impl Journal {
         }
     }
 
-    /// Announces that the caller is about to append and then wait for durability, so that a
-    /// leader about to sync may wait a moment for it (see [`Journal::lead`]).
+    /// Announces a commit: the caller will append one record and wait for it to be durable.
+    /// A leader about to sync may wait a moment for it (see [`Journal::lead`]).
     pub fn announce(&self) -> AppendIntent<'_> {
-        self.intents.fetch_add(1, Ordering::AcqRel);
-        AppendIntent {
-            journal: self,
-            pending: true,
-        }
+        self.active.fetch_add(1, Ordering::AcqRel);
+        AppendIntent { journal: self }
     }
 
     /// Frames and queues one record; returns its LSN and location. `on_placed` runs under the
@@ -232,9 +235,12 @@ impl Journal {
         let record_len = (FRAME_LEN + body.len()) as u64;
         let mut st = self.state.lock();
         if fulfils_intent {
-            // Under the mutex, so a gathering leader cannot miss it.
-            self.intents.fetch_sub(1, Ordering::AcqRel);
-            self.gathered.notify_all();
+            st.queued_records += 1;
+            // Under the mutex, so a gathering leader cannot miss it; and only once the leader's
+            // wait is over, so it is not woken for every record.
+            if st.gathering && st.queued_records >= self.active.load(Ordering::Acquire) {
+                self.gathered.notify_all();
+            }
         }
         if let Some(reason) = &st.failed {
             return Err(Error::SyncFailed(reason.clone()));
@@ -330,22 +336,27 @@ impl Journal {
     /// Becomes the leader: writes (and, if asked, syncs) the whole queue outside the mutex, so
     /// appenders keep queueing while the device works.
     ///
-    /// Before a sync, if other committers have announced an append they have not made yet, the
-    /// leader waits for them, at most half the recent sync time (and never more than 1 ms):
-    /// their records then share this sync instead of each paying for the next one. A lone
-    /// committer never waits.
+    /// Before a sync, while fewer records are queued than commits are under way, the leader
+    /// waits for the rest, at most half the recent sync time (and never more than 1 ms): their
+    /// records then share this sync instead of each paying for the next one. Without this, the
+    /// committers released by one sync (still on their way back to commit again) miss the next
+    /// one, and the writers split into two groups that sync in turn. A lone committer never
+    /// waits.
     fn lead(&self, st: &mut MutexGuard<'_, State>, sync: bool) {
         st.leader_active = true;
-        if sync && self.intents.load(Ordering::Acquire) > 0 {
+        if sync && st.queued_records < self.active.load(Ordering::Acquire) {
             let budget = Duration::from_nanos(self.sync_nanos.load(Ordering::Relaxed) / 2)
                 .min(Duration::from_millis(1));
             let deadline = Instant::now() + budget;
-            while self.intents.load(Ordering::Acquire) > 0 {
+            st.gathering = true;
+            while st.queued_records < self.active.load(Ordering::Acquire) {
                 if self.gathered.wait_until(st, deadline).timed_out() {
                     break;
                 }
             }
+            st.gathering = false;
         }
+        st.queued_records = 0;
         let queue = std::mem::take(&mut st.queue);
         // Only the leader touches `dirty`, so it can be taken and handed back.
         let dirty = std::mem::take(&mut st.dirty);
@@ -571,23 +582,22 @@ fn read_up_to(file: &dyn VfsFile, buf: &mut [u8], offset: u64) -> std::io::Resul
     Ok(filled)
 }
 
-/// A committer's announcement that it will append (see [`Journal::announce`]). Appending
-/// through it, or dropping it, withdraws the announcement.
+/// A commit in progress (see [`Journal::announce`]): held from before the committer takes its
+/// partition's lock until its commit returns, so a gathering leader knows how many commits
+/// are under way.
 pub struct AppendIntent<'a> {
     journal: &'a Journal,
-    pending: bool,
 }
 
 impl AppendIntent<'_> {
-    /// Appends the announced record (see [`Journal::append`]).
+    /// Appends this commit's record (see [`Journal::append`]).
     pub fn append(
-        mut self,
+        &mut self,
         kind: RecordKind,
         partition_hash: u64,
         body: &[u8],
         on_placed: impl FnOnce(u64, Loc),
     ) -> Result<(u64, Loc)> {
-        self.pending = false;
         self.journal
             .append_inner(kind, partition_hash, body, on_placed, true)
     }
@@ -595,8 +605,10 @@ impl AppendIntent<'_> {
 
 impl Drop for AppendIntent<'_> {
     fn drop(&mut self) {
-        if self.pending {
-            self.journal.intents.fetch_sub(1, Ordering::AcqRel);
+        let active = self.journal.active.fetch_sub(1, Ordering::AcqRel) - 1;
+        // Under the mutex, so a leader between its check and its wait cannot miss this.
+        let st = self.journal.state.lock();
+        if st.gathering && st.queued_records >= active {
             self.journal.gathered.notify_all();
         }
     }

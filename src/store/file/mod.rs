@@ -838,7 +838,7 @@ impl Store for FileStore {
             return Err(Error::SyncFailed(reason));
         }
         let state = inner.part(p, true).expect("created on demand");
-        let intent = inner.journal.announce();
+        let mut intent = inner.journal.announce();
         let lsn = {
             let mut commit = state.commit.lock();
             inner.load_locked(&state, &mut commit)?;
