@@ -386,3 +386,52 @@ fn commits_racing_close_are_durable_or_refused() {
         );
     }
 }
+
+/// A session that only reads leaves the directory untouched: close finds the snapshot on disk
+/// still exact and writes no new one (no needless syncs at close).
+#[test]
+fn a_read_only_session_rewrites_nothing_at_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = part("p");
+    {
+        let store = FileStore::open(dir.path()).unwrap();
+        put(&store, &p, "k", "v");
+        store.close().unwrap();
+    }
+    let files_with_times = || {
+        let mut found: Vec<(std::path::PathBuf, std::time::SystemTime)> =
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap())
+                .filter(|e| e.file_type().unwrap().is_file())
+                .map(|e| (e.path(), e.metadata().unwrap().modified().unwrap()))
+                .collect();
+        found.sort();
+        found
+    };
+    // Age every file so that a rewrite would show.
+    let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+    for (path, _) in files_with_times() {
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let before = files_with_times();
+    {
+        let store = FileStore::open(dir.path()).unwrap();
+        assert_eq!(store.get(&p, b"k").unwrap(), Some(b"v".to_vec()));
+        store.close().unwrap();
+    }
+    let after: Vec<_> = files_with_times()
+        .into_iter()
+        .filter(|(path, _)| !path.ends_with("LOCK"))
+        .collect();
+    let before: Vec<_> = before
+        .into_iter()
+        .filter(|(path, _)| !path.ends_with("LOCK"))
+        .collect();
+    assert_eq!(after, before, "the manifest and snapshot were rewritten");
+}

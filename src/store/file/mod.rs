@@ -194,6 +194,9 @@ struct SnapshotState {
     newest: Option<String>,
     /// Set by close after the final snapshot: nothing may write to the directory after it.
     finished: bool,
+    /// The journal's appended-bytes counter at which the snapshot on disk was current, if it
+    /// is: a close after a session that only read then writes nothing.
+    current_at: Option<u64>,
 }
 
 struct Inner {
@@ -369,6 +372,11 @@ impl FileStore {
             _ => None,
         };
         let needs_snapshot = report.rebuilt_by_full_scan || manifest.is_none();
+        // The snapshot on disk describes the journal exactly when open found nothing after it.
+        let snapshot_current = snapshot_name.is_some()
+            && report.journal_bytes_scanned == 0
+            && report.torn_tail.is_none()
+            && report.damaged.is_empty();
         let inner = Arc::new(Inner {
             config,
             journal,
@@ -380,6 +388,7 @@ impl FileStore {
             snapshot: Mutex::new(SnapshotState {
                 newest: snapshot_name,
                 finished: false,
+                current_at: snapshot_current.then_some(0),
             }),
             snapshot_running: AtomicBool::new(false),
             bytes_at_last_snapshot: AtomicU64::new(0),
@@ -649,6 +658,10 @@ impl Inner {
 
     fn write_snapshot_locked(&self, state: &mut SnapshotState) -> Result<()> {
         let bytes_before = self.journal.counters.bytes_appended.load(Ordering::Relaxed);
+        if state.current_at == Some(bytes_before) {
+            // Nothing was appended since the snapshot on disk: it is still exact.
+            return Ok(());
+        }
         let (segment, offset, next_lsn, heads) = self.journal.with_appends_paused(|| {
             let table = self.table.read();
             table
@@ -688,6 +701,7 @@ impl Inner {
         }
         self.bytes_at_last_snapshot
             .store(bytes_before, Ordering::Relaxed);
+        state.current_at = Some(bytes_before);
         log::debug!(
             "wrote heads snapshot {name} ({} partitions)",
             snapshot.heads.len()
