@@ -83,6 +83,10 @@ struct State {
     queued_records: usize,
     /// A leader is waiting for the commits under way to append.
     gathering: bool,
+    /// Counts finished leader rounds; picks the condvar of the running round's waiters.
+    generation: u64,
+    /// The newest LSN the running leader covers (`u64::MAX` until it takes the queue).
+    leader_target: u64,
 }
 
 /// Counters of the journal.
@@ -99,7 +103,11 @@ pub struct Journal {
     policy: SyncPolicy,
     segment_bytes: u64,
     state: Mutex<State>,
-    durable: Condvar,
+    /// Waiters for durability, by sync generation: those a running sync covers wait on
+    /// `durable[generation % 2]`, those that appended after it took the queue on the other, so
+    /// a finished sync wakes only the committers it made durable, plus one of the rest to lead
+    /// the next sync.
+    durable: [Condvar; 2],
     /// Committers inside a commit right now (see [`AppendIntent`]).
     active: AtomicUsize,
     /// Signalled when an announced append is made or abandoned, for a gathering leader.
@@ -192,8 +200,10 @@ impl Journal {
                 sealed: false,
                 queued_records: 0,
                 gathering: false,
+                generation: 0,
+                leader_target: 0,
             }),
-            durable: Condvar::new(),
+            durable: [Condvar::new(), Condvar::new()],
             active: AtomicUsize::new(0),
             gathered: Condvar::new(),
             sync_nanos: AtomicU64::new(0),
@@ -326,7 +336,12 @@ impl Journal {
                 return Ok(());
             }
             if st.leader_active {
-                self.durable.wait(&mut st);
+                let round = if lsn <= st.leader_target {
+                    st.generation
+                } else {
+                    st.generation + 1
+                };
+                self.durable[(round % 2) as usize].wait(&mut st);
                 continue;
             }
             self.lead(&mut st, synced);
@@ -344,6 +359,8 @@ impl Journal {
     /// waits.
     fn lead(&self, st: &mut MutexGuard<'_, State>, sync: bool) {
         st.leader_active = true;
+        // Everything appended until the queue is taken below is covered by this round.
+        st.leader_target = u64::MAX;
         if sync && st.queued_records < self.active.load(Ordering::Acquire) {
             let budget = Duration::from_nanos(self.sync_nanos.load(Ordering::Relaxed) / 2)
                 .min(Duration::from_millis(1));
@@ -361,6 +378,7 @@ impl Journal {
         // Only the leader touches `dirty`, so it can be taken and handed back.
         let dirty = std::mem::take(&mut st.dirty);
         let target = st.next_lsn - 1;
+        st.leader_target = target;
         let result = MutexGuard::unlocked(st, || self.write_queue(queue, dirty, sync));
         st.leader_active = false;
         match result {
@@ -376,7 +394,16 @@ impl Journal {
                 st.failed = Some(e.to_string());
             }
         }
-        self.durable.notify_all();
+        let covered = (st.generation % 2) as usize;
+        st.generation += 1;
+        self.durable[covered].notify_all();
+        let next = 1 - covered;
+        if st.failed.is_some() {
+            self.durable[next].notify_all();
+        } else {
+            // One of those that appended during this round leads the next.
+            self.durable[next].notify_one();
+        }
     }
 
     /// Writes the queued chunks in order. Before a new segment starts, every segment written
