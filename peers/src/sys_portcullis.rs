@@ -43,9 +43,11 @@ struct Cas {
 impl Bench for Cas {
     fn worker(&self, _thread: usize) -> R<Worker<'_>> {
         Ok(Box::new(move |_| {
+            // `get_for_update`: the value the next batch's guard will see, without waiting
+            // for the previous winner's sync (the store's read meant for compare-and-set).
             let old = self
                 .store
-                .get(&self.p, b"counter")?
+                .get_for_update(&self.p, b"counter")?
                 .ok_or("counter row missing")?;
             let n = u64::from_be_bytes(old.as_slice().try_into()?);
             let b = Batch::new()
@@ -102,7 +104,8 @@ impl System for Portcullis {
          fdatasync'd; concurrent commits share a sync), other options default; single-row \
          commits: one partition per thread; logs: one partition per entity written and read with \
          `portcullis::log` (`append`: one guarded batch per append, guarded on the log's head \
-         row; `read_log` pages of 1,024)"
+         row; `read_log` pages of 1,024); compare-and-set: `get_for_update`, then a batch \
+         guarded with `equals`"
             .into()
     }
 

@@ -47,6 +47,40 @@ pub trait Store: Send + Sync {
     /// The value of `key` in partition `p`, if any.
     fn get(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>>;
 
+    /// The value of `key` as the next batch on `p` will see it: like [`Store::get`], but it
+    /// also sees batches that have committed and are still becoming durable, instead of waiting
+    /// for them.
+    ///
+    /// Use it only to build a guarded batch (a compare-and-set loop): such a batch is checked
+    /// against the same state, and it can only become durable after everything it read, since
+    /// recovery keeps a prefix of the commit order. Do not show the value to anyone else: a
+    /// crash can still take it away. Concurrent compare-and-set loops that read this way share
+    /// syncs instead of each waiting for the previous winner's.
+    ///
+    /// The default answers like `get`; backends with a commit pipeline override it.
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("counters").unwrap();
+    /// // A compare-and-set increment.
+    /// loop {
+    ///     let current = store.get_for_update(&p, b"n").unwrap();
+    ///     let n = current.as_deref().map_or(0, |v| v[0]);
+    ///     let guard = match current {
+    ///         Some(v) => Batch::new().equals(b"n".to_vec(), v),
+    ///         None => Batch::new().absent(b"n".to_vec()),
+    ///     };
+    ///     if store.apply(&p, &guard.put(b"n".to_vec(), vec![n + 1])).unwrap().is_committed() {
+    ///         break;
+    ///     }
+    /// }
+    /// assert_eq!(store.get(&p, b"n").unwrap(), Some(vec![1]));
+    /// ```
+    fn get_for_update(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.get(p, key)
+    }
+
     /// One answer per key, in the order asked, all read from one consistent view.
     fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>>;
 

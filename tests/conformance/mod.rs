@@ -114,6 +114,7 @@ macro_rules! conformance_suite {
             ops_in_one_batch_apply_in_order,
             empty_batch_commits,
             concurrent_compare_and_set_loses_no_update,
+            compare_and_set_through_get_for_update_loses_no_update,
             concurrent_claims_have_exactly_one_winner,
             readers_never_see_half_applied_batch,
             partitions_are_independent,
@@ -1484,6 +1485,56 @@ pub fn empty_batch_commits(open: Open) {
         Batch::new().present(b("k")).not_after(f.clock.now_ms()),
     );
     assert_eq!(snapshot(s), before);
+}
+
+/// S1/S2: `get_for_update` answers what the next batch's preconditions will see, so
+/// compare-and-set loops built on it lose no update, and after the loops end it agrees with
+/// `get`.
+pub fn compare_and_set_through_get_for_update_loses_no_update(open: Open) {
+    const THREADS: usize = 8;
+    const PER_THREAD: u64 = 100;
+    let f = fresh(open);
+    let s = &*f.store;
+    let p = part("cas-for-update");
+    assert_eq!(
+        s.get_for_update(&p, b"n").unwrap(),
+        None,
+        "a missing partition"
+    );
+    assert!(matches!(
+        s.get_for_update(&p, b""),
+        Err(Error::InvalidArgument(_))
+    ));
+    let barrier = Barrier::new(THREADS);
+    thread::scope(|scope| {
+        for _ in 0..THREADS {
+            let (p, barrier) = (&p, &barrier);
+            scope.spawn(move || {
+                barrier.wait();
+                for _ in 0..PER_THREAD {
+                    // Bounded: every failed attempt follows another thread's commit.
+                    for attempt in 0.. {
+                        assert!(attempt <= THREADS as u64 * PER_THREAD, "livelock");
+                        let current = s.get_for_update(p, b"n").unwrap();
+                        let n = current
+                            .as_deref()
+                            .map_or(0, |v| u64::from_be_bytes(v.try_into().unwrap()));
+                        let guard = match current {
+                            Some(v) => Batch::new().equals(b("n"), v),
+                            None => Batch::new().absent(b("n")),
+                        };
+                        let batch = guard.put(b("n"), (n + 1).to_be_bytes().to_vec());
+                        if s.apply(p, &batch).unwrap().is_committed() {
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let total = (THREADS as u64 * PER_THREAD).to_be_bytes().to_vec();
+    assert_eq!(s.get(&p, b"n").unwrap(), Some(total.clone()));
+    assert_eq!(s.get_for_update(&p, b"n").unwrap(), Some(total));
 }
 
 /// S2: preconditions are checked and operations applied atomically with respect to every other

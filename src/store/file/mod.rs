@@ -778,6 +778,25 @@ impl Store for FileStore {
         found.map(|v| inner.read_value(&state, &v)).transpose()
     }
 
+    fn get_for_update(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let inner = &self.inner;
+        inner.check_open()?;
+        check_key(key)?;
+        let Some(state) = inner.part(p, false) else {
+            return Ok(None);
+        };
+        let mut commit = state.commit.lock();
+        inner.load_locked(&state, &mut commit)?;
+        // The same answer a batch's precondition would get: pending batches first.
+        let found = commit.lookup(&state.view.read(), key);
+        drop(commit);
+        match found {
+            Lookup::Pending(value) => Ok(value),
+            Lookup::Durable(None) => Ok(None),
+            Lookup::Durable(Some(v)) => inner.read_value(&state, &v).map(Some),
+        }
+    }
+
     fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
         let inner = &self.inner;
         inner.check_open()?;
