@@ -192,15 +192,7 @@ impl Fence {
                     PAGE_ROWS,
                 )?;
                 pages += 1;
-                // Decode the whole page before acting on any of it: a damaged row stops the
-                // slice before it changes anything for that page.
-                let mut decoded = Vec::with_capacity(page.entries.len());
-                for (key, raw) in &page.entries {
-                    let row: ShardRow = rows::decode("leased-shard row", raw)?;
-                    let entity = keys.entity_of_shard(ns, key)?;
-                    decoded.push((key, raw, row, entity));
-                }
-                for (key, raw, row, entity) in decoded {
+                for (key, raw, row, entity) in rows::decode_shard_page(keys, ns, &page.entries)? {
                     let now = self.now();
                     let mut complete = row.acked_epoch >= epoch || now >= row.expires_at_ms;
                     if !complete {

@@ -186,6 +186,26 @@ pub fn decode_opt<'a, T: Deserialize<'a>>(
 }
 
 /// Decodes the current epoch row (absent means 0).
+/// One leased-shard row of a scanned page, decoded: its key, its bytes as read, the row and
+/// the entity it leases.
+pub(crate) type ShardEntry<'a> = (&'a Vec<u8>, &'a Vec<u8>, ShardRow, EntityId);
+
+/// Decodes a whole page of leased-shard rows before anything acts on it, so a damaged row stops
+/// the caller before it changes anything for that page.
+pub(crate) fn decode_shard_page<'a>(
+    keys: &Keys,
+    ns: &Namespace,
+    entries: &'a [(Vec<u8>, Vec<u8>)],
+) -> Result<Vec<ShardEntry<'a>>> {
+    entries
+        .iter()
+        .map(|(key, raw)| {
+            let row: ShardRow = decode("leased-shard row", raw)?;
+            Ok((key, raw, row, keys.entity_of_shard(ns, key)?))
+        })
+        .collect()
+}
+
 pub fn decode_epoch(bytes: Option<&[u8]>) -> Result<u64> {
     Ok(decode_opt::<u64>("epoch row", bytes)?.unwrap_or(0))
 }

@@ -2,7 +2,7 @@
 //! each guarded on the row as read, so a renewal that races the sweep always wins.
 
 use super::revoke::{MAX_PAGES, PAGE_ROWS};
-use super::rows::{self, ShardRow};
+use super::rows;
 use super::stats::Counters;
 use super::{Fence, HookPoint};
 use crate::entity::Namespace;
@@ -46,13 +46,7 @@ impl Fence {
                 cursor.as_ref(),
                 PAGE_ROWS,
             )?;
-            let mut decoded = Vec::with_capacity(page.entries.len());
-            for (key, raw) in &page.entries {
-                let row: ShardRow = rows::decode("leased-shard row", raw)?;
-                let entity = keys.entity_of_shard(ns, key)?;
-                decoded.push((key, raw, row, entity));
-            }
-            for (key, raw, row, entity) in decoded {
+            for (key, raw, row, entity) in rows::decode_shard_page(keys, ns, &page.entries)? {
                 if self.now() < row.expires_at_ms {
                     continue;
                 }
