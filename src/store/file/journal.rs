@@ -14,7 +14,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
@@ -112,6 +112,10 @@ pub struct Journal {
     active: AtomicUsize,
     /// Signalled when an announced append is made or abandoned, for a gathering leader.
     gathered: Condvar,
+    /// Mirrors `State::gathering` so a finishing commit takes the mutex only when a leader
+    /// waits for it (SeqCst with `active`: either the leader sees the commit's withdrawal, or
+    /// the commit sees the leader and wakes it).
+    gathering: AtomicBool,
     /// Recent sync duration in nanoseconds (an exponentially weighted average).
     sync_nanos: AtomicU64,
     segments: RwLock<BTreeMap<u32, Segment>>,
@@ -206,6 +210,7 @@ impl Journal {
             durable: [Condvar::new(), Condvar::new()],
             active: AtomicUsize::new(0),
             gathered: Condvar::new(),
+            gathering: AtomicBool::new(false),
             sync_nanos: AtomicU64::new(0),
             segments: RwLock::new(tail.segments),
             retired: Mutex::new(Vec::new()),
@@ -366,12 +371,14 @@ impl Journal {
                 .min(Duration::from_millis(1));
             let deadline = Instant::now() + budget;
             st.gathering = true;
-            while st.queued_records < self.active.load(Ordering::Acquire) {
+            self.gathering.store(true, Ordering::SeqCst);
+            while st.queued_records < self.active.load(Ordering::SeqCst) {
                 if self.gathered.wait_until(st, deadline).timed_out() {
                     break;
                 }
             }
             st.gathering = false;
+            self.gathering.store(false, Ordering::SeqCst);
         }
         st.queued_records = 0;
         let queue = std::mem::take(&mut st.queue);
@@ -632,10 +639,13 @@ impl AppendIntent<'_> {
 
 impl Drop for AppendIntent<'_> {
     fn drop(&mut self) {
-        let active = self.journal.active.fetch_sub(1, Ordering::AcqRel) - 1;
+        self.journal.active.fetch_sub(1, Ordering::SeqCst);
+        if !self.journal.gathering.load(Ordering::SeqCst) {
+            return;
+        }
         // Under the mutex, so a leader between its check and its wait cannot miss this.
         let st = self.journal.state.lock();
-        if st.gathering && st.queued_records >= active {
+        if st.gathering && st.queued_records >= self.journal.active.load(Ordering::SeqCst) {
             self.journal.gathered.notify_all();
         }
     }

@@ -570,6 +570,42 @@ impl Inner {
         }
     }
 
+    /// A partition ready for reading: loaded, with the batches already decided for it durable
+    /// and visible (see [`Inner::catch_up`]). `None` if it has never been written.
+    fn readable(&self, p: &Partition) -> Result<Option<Arc<PartState>>> {
+        let Some(state) = self.part(p, false) else {
+            return Ok(None);
+        };
+        self.ensure_loaded(&state)?;
+        self.catch_up(&state);
+        Ok(Some(state))
+    }
+
+    /// The newest committed value of `key`, pending batches included: what a precondition
+    /// checked now would see. The caller holds the partition's `commit` lock.
+    fn latest_value(
+        &self,
+        state: &PartState,
+        commit: &CommitState,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
+        self.latest_value_in(state, commit, &state.view.read(), key)
+    }
+
+    fn latest_value_in(
+        &self,
+        state: &PartState,
+        commit: &CommitState,
+        view: &partition::View,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
+        match commit.lookup(view, key) {
+            Lookup::Pending(value) => Ok(value),
+            Lookup::Durable(None) => Ok(None),
+            Lookup::Durable(Some(v)) => self.read_value(state, &v).map(Some),
+        }
+    }
+
     fn read_value(&self, state: &PartState, v: &ValueLoc) -> Result<Vec<u8>> {
         self.journal.read_value(v, &state.name)
     }
@@ -769,11 +805,9 @@ impl Store for FileStore {
         let inner = &self.inner;
         inner.check_open()?;
         check_key(key)?;
-        let Some(state) = inner.part(p, false) else {
+        let Some(state) = inner.readable(p)? else {
             return Ok(None);
         };
-        inner.ensure_loaded(&state)?;
-        inner.catch_up(&state);
         let found = state.view.read().index.get(key).copied();
         found.map(|v| inner.read_value(&state, &v)).transpose()
     }
@@ -787,14 +821,8 @@ impl Store for FileStore {
         };
         let mut commit = state.commit.lock();
         inner.load_locked(&state, &mut commit)?;
-        // The same answer a batch's precondition would get: pending batches first.
-        let found = commit.lookup(&state.view.read(), key);
-        drop(commit);
-        match found {
-            Lookup::Pending(value) => Ok(value),
-            Lookup::Durable(None) => Ok(None),
-            Lookup::Durable(Some(v)) => inner.read_value(&state, &v).map(Some),
-        }
+        // The same answer a batch's precondition would get.
+        inner.latest_value(&state, &commit, key)
     }
 
     fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
@@ -803,11 +831,9 @@ impl Store for FileStore {
         for key in keys {
             check_key(key)?;
         }
-        let Some(state) = inner.part(p, false) else {
+        let Some(state) = inner.readable(p)? else {
             return Ok(vec![None; keys.len()]);
         };
-        inner.ensure_loaded(&state)?;
-        inner.catch_up(&state);
         // Locations are taken under one lock, so the answers are one consistent view; values
         // at a location never change.
         let locs: Vec<Option<ValueLoc>> = {
@@ -833,11 +859,9 @@ impl Store for FileStore {
             Some(c) => range.after(&c.0),
             None => range.clone(),
         };
-        let Some(state) = inner.part(p, false) else {
+        let Some(state) = inner.readable(p)? else {
             return Ok(ScanPage::default());
         };
-        inner.ensure_loaded(&state)?;
-        inner.catch_up(&state);
         if range.is_empty() {
             return Ok(ScanPage::default());
         }
@@ -880,11 +904,7 @@ impl Store for FileStore {
                 check_guards(
                     batch.guards(),
                     || inner.config.clock.now_ms(),
-                    |key| match commit.lookup(&view, key) {
-                        Lookup::Pending(value) => Ok(value),
-                        Lookup::Durable(None) => Ok(None),
-                        Lookup::Durable(Some(v)) => inner.read_value(&state, &v).map(Some),
-                    },
+                    |key| inner.latest_value_in(&state, &commit, &view, key),
                 )?
             };
             if let Some(outcome) = refused {
