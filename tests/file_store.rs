@@ -435,3 +435,120 @@ fn a_read_only_session_rewrites_nothing_at_close() {
         .collect();
     assert_eq!(after, before, "the manifest and snapshot were rewritten");
 }
+
+/// A file layer whose syncs wait while a gate is closed, telling the test when one is waiting.
+#[derive(Debug)]
+struct GatedFs {
+    gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    waiting: std::sync::mpsc::SyncSender<()>,
+}
+
+#[derive(Debug)]
+struct GatedFile {
+    inner: Arc<dyn portcullis::store::VfsFile>,
+    gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    waiting: std::sync::mpsc::SyncSender<()>,
+}
+
+impl portcullis::store::VfsFile for GatedFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        let (open, opened) = &*self.gate;
+        let mut is_open = open.lock().unwrap();
+        if !*is_open {
+            let _ = self.waiting.try_send(());
+        }
+        while !*is_open {
+            is_open = opened.wait(is_open).unwrap();
+        }
+        self.inner.sync_data()
+    }
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+}
+
+impl portcullis::store::Vfs for GatedFs {
+    fn open(
+        &self,
+        path: &std::path::Path,
+        mode: portcullis::store::OpenMode,
+    ) -> std::io::Result<Arc<dyn portcullis::store::VfsFile>> {
+        let inner = portcullis::store::OsFs.open(path, mode)?;
+        Ok(Arc::new(GatedFile {
+            inner,
+            gate: self.gate.clone(),
+            waiting: self.waiting.clone(),
+        }))
+    }
+    fn create_dir_all(&self, path: &std::path::Path) -> std::io::Result<()> {
+        portcullis::store::OsFs.create_dir_all(path)
+    }
+    fn list(&self, dir: &std::path::Path) -> std::io::Result<Vec<String>> {
+        portcullis::store::OsFs.list(dir)
+    }
+    fn kind(&self, path: &std::path::Path) -> std::io::Result<Option<portcullis::store::PathKind>> {
+        portcullis::store::OsFs.kind(path)
+    }
+    fn remove(&self, path: &std::path::Path) -> std::io::Result<()> {
+        portcullis::store::OsFs.remove(path)
+    }
+    fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+        portcullis::store::OsFs.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        portcullis::store::OsFs.sync_dir(dir)
+    }
+    fn try_lock(
+        &self,
+        path: &std::path::Path,
+    ) -> std::io::Result<Box<dyn portcullis::store::VfsLock>> {
+        portcullis::store::OsFs.try_lock(path)
+    }
+}
+
+/// `get_for_update` answers from the committed-but-not-yet-durable batch, without waiting for
+/// its sync (a plain `get` waits for it, so that it never shows what a crash could take away).
+#[test]
+fn get_for_update_sees_a_batch_whose_sync_is_still_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = Arc::new((std::sync::Mutex::new(true), std::sync::Condvar::new()));
+    let (waiting, sync_waits) = std::sync::mpsc::sync_channel(16);
+    let fs = GatedFs {
+        gate: gate.clone(),
+        waiting,
+    };
+    let store = FileStore::builder(dir.path())
+        .vfs(Arc::new(fs))
+        .open()
+        .unwrap();
+    let p = part("p");
+    put(&store, &p, "n", "1");
+    *gate.0.lock().unwrap() = false;
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| put(&store, &p, "n", "2"));
+        // The writer's batch is appended and its sync is held at the gate.
+        sync_waits.recv().unwrap();
+        let (answer, answered) = std::sync::mpsc::channel();
+        let (store, p) = (&store, &p);
+        s.spawn(move || answer.send(store.get_for_update(p, b"n").unwrap()).unwrap());
+        let seen = answered.recv_timeout(std::time::Duration::from_secs(30));
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        assert_eq!(
+            seen,
+            Ok(Some(b"2".to_vec())),
+            "get_for_update must not wait for the sync"
+        );
+        writer.join().unwrap();
+    });
+    assert_eq!(store.get(&p, b"n").unwrap(), Some(b"2".to_vec()));
+}
