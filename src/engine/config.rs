@@ -15,7 +15,7 @@ use crate::store::{FileStore, Store};
 /// ```
 /// use std::sync::Arc;
 /// use portcullis::engine::Engine;
-/// use portcullis::restore::{Rejection, StateMachine};
+/// use portcullis::restore::{ApplyContext, Rejection, StateMachine};
 /// use portcullis::store::MemoryStore;
 /// use portcullis::EntityId;
 ///
@@ -23,7 +23,10 @@ use crate::store::{FileStore, Store};
 /// impl StateMachine for Count {
 ///     type State = u64;
 ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-///     fn apply(&self, s: &mut u64, _: u64, _: &[u8]) -> Result<(), Rejection> { *s += 1; Ok(()) }
+///     fn apply(&self, s: &mut u64, _: &ApplyContext<'_>, _: &[u8]) -> Result<(), Rejection> {
+///         *s += 1;
+///         Ok(())
+///     }
 ///     fn encode_checkpoint(&self, s: &u64) -> Vec<u8> { s.to_le_bytes().to_vec() }
 ///     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<u64, Rejection> {
 ///         b.try_into().map(u64::from_le_bytes).map_err(|_| Rejection::new("bad checkpoint"))
