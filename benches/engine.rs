@@ -32,7 +32,9 @@ use parking_lot::Mutex;
 use portcullis::EntityId;
 use portcullis::engine::Engine;
 use portcullis::log::{self, Guarded, HeadSnapshot};
-use portcullis::restore::{self, ApplyContext, Metrics, Origin, Rejection, StateMachine, UnitReport};
+use portcullis::restore::{
+    self, ApplyContext, Metrics, Origin, Rejection, StateMachine, UnitReport,
+};
 use portcullis::store::{Batch, FileStore, Store};
 
 /// Folds records into a count and a cheap running mix of their bytes.

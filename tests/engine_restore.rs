@@ -482,11 +482,21 @@ fn r3_apply_learns_whether_a_record_is_replayed_deferred_repaired_or_live() {
     assert_eq!(origins(&machine), vec![(1, Origin::Live)]);
     {
         let engine = builder(&machine, &store).open().unwrap();
-        assert_eq!(engine.defer(&e, b"later".to_vec()).unwrap(), Deferred::Queued);
-        assert_eq!(payloads(&engine, &e).unwrap(), recs(&["one", "later", "fix"]));
+        assert_eq!(
+            engine.defer(&e, b"later".to_vec()).unwrap(),
+            Deferred::Queued
+        );
+        assert_eq!(
+            payloads(&engine, &e).unwrap(),
+            recs(&["one", "later", "fix"])
+        );
         assert_eq!(
             origins(&machine),
-            vec![(1, Origin::Replay), (2, Origin::Deferred), (3, Origin::Repair)]
+            vec![
+                (1, Origin::Replay),
+                (2, Origin::Deferred),
+                (3, Origin::Repair)
+            ]
         );
         assert_eq!(
             engine.defer(&e, b"now".to_vec()).unwrap(),

@@ -64,7 +64,12 @@ impl StateMachine for TestMachine {
         Folded::default()
     }
 
-    fn apply(&self, s: &mut Folded, ctx: &ApplyContext<'_>, record: &[u8]) -> Result<(), Rejection> {
+    fn apply(
+        &self,
+        s: &mut Folded,
+        ctx: &ApplyContext<'_>,
+        record: &[u8],
+    ) -> Result<(), Rejection> {
         match record {
             b"!refuse" => Err(Rejection::new("this record is refused")),
             b"!panic" => panic!("apply met a poisonous record"),
