@@ -15,7 +15,7 @@ use crate::store::{FileStore, FileStoreBuilder, Store, SyncPolicy};
 /// ```
 /// use std::sync::Arc;
 /// use portcullis::engine::Engine;
-/// use portcullis::restore::{Rejection, StateMachine};
+/// use portcullis::restore::{ApplyContext, Rejection, StateMachine};
 /// use portcullis::store::MemoryStore;
 /// use portcullis::EntityId;
 ///
@@ -23,7 +23,10 @@ use crate::store::{FileStore, FileStoreBuilder, Store, SyncPolicy};
 /// impl StateMachine for Count {
 ///     type State = u64;
 ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-///     fn apply(&self, s: &mut u64, _: u64, _: &[u8]) -> Result<(), Rejection> { *s += 1; Ok(()) }
+///     fn apply(&self, s: &mut u64, _: &ApplyContext<'_>, _: &[u8]) -> Result<(), Rejection> {
+///         *s += 1;
+///         Ok(())
+///     }
 ///     fn encode_checkpoint(&self, s: &u64) -> Vec<u8> { s.to_le_bytes().to_vec() }
 ///     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<u64, Rejection> {
 ///         b.try_into().map(u64::from_le_bytes).map_err(|_| Rejection::new("bad checkpoint"))
@@ -126,7 +129,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// # impl TypedMachine for Count {
     /// #     type Record = (); type State = u64;
     /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: u64, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// # }
     /// use portcullis::store::SyncPolicy;
     /// let dir = tempfile::tempdir().unwrap();
@@ -154,7 +157,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// # impl TypedMachine for Count {
     /// #     type Record = (); type State = u64;
     /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: u64, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// # }
     /// let dir = tempfile::tempdir().unwrap();
     /// let engine = Engine::builder(Typed(Count))
@@ -184,7 +187,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// # impl TypedMachine for Count {
     /// #     type Record = (); type State = u64;
     /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: u64, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// # }
     /// let engine = Engine::builder(Typed(Count))
     ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
@@ -215,7 +218,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// # impl TypedMachine for Count {
     /// #     type Record = (); type State = u64;
     /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: u64, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// # }
     /// let engine = Engine::builder(Typed(Count))
     ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))

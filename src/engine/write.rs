@@ -9,7 +9,7 @@ use crate::entity::EntityId;
 use crate::error::{Error, Result};
 use crate::fence::WriteOutcome;
 use crate::log::{self, Guarded, MAX_RECORD_BYTES};
-use crate::restore::{Containment, Deferral, ReasonKind, StateMachine};
+use crate::restore::{ApplyContext, Containment, Deferral, Origin, ReasonKind, StateMachine};
 use crate::store::Batch;
 
 /// What a write did.
@@ -112,8 +112,9 @@ impl<M: StateMachine> Engine<M> {
             for (i, record) in records.iter().enumerate() {
                 let seq = appended.first_seq + i as u64;
                 let machine = restorer.machine();
+                let ctx = ApplyContext::new(entity, seq, Origin::Live);
                 let folded = catch_unwind(AssertUnwindSafe(|| {
-                    machine.apply(&mut loaded.state, seq, record)
+                    machine.apply(&mut loaded.state, &ctx, record)
                 }));
                 let reason = match folded {
                     Ok(Ok(())) => continue,
