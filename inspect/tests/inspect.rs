@@ -12,7 +12,7 @@ use std::process::Command;
 
 use portcullis::store::{Batch, FileStore, Partition, Store};
 use portcullis::typed::{Typed, TypedMachine};
-use portcullis::{Engine, EntityId, Namespace, Rejection};
+use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection};
 
 struct Count;
 
@@ -22,7 +22,7 @@ impl TypedMachine for Count {
     fn fresh(&self, _: &EntityId) -> u64 {
         0
     }
-    fn apply(&self, n: &mut u64, _: u64, _: String) -> Result<(), Rejection> {
+    fn apply(&self, n: &mut u64, _: &ApplyContext<'_>, _: String) -> Result<(), Rejection> {
         *n += 1;
         Ok(())
     }

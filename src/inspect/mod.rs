@@ -30,7 +30,7 @@
 //! let summary = inspector.summary()?;
 //! assert_eq!(summary.partitions[0].rows, 1);
 //! assert!(inspector.verify()?.is_clean());
-//! # Ok::<(), portcullis::Error>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod report;
@@ -194,11 +194,12 @@ impl Verification {
 /// directory.
 ///
 /// ```
+/// use portcullis::store::{FileStore, Store};
 /// let dir = tempfile::tempdir()?;
-/// portcullis::store::FileStore::open(dir.path())?.close()?;
+/// FileStore::open(dir.path())?.close()?;
 /// let verification = portcullis::inspect::verify(dir.path())?;
 /// assert!(verification.is_clean(), "{verification}");
-/// # Ok::<(), portcullis::Error>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn verify(dir: impl AsRef<Path>) -> Result<Verification> {
     let dir = dir.as_ref();
