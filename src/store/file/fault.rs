@@ -186,8 +186,8 @@ impl FaultFs {
         !self.unsynced().is_empty()
     }
 
-    /// What awaits a sync, described: "entries of <dir>" for a directory whose entry changes
-    /// are not yet synced, "writes to <file>" for a file with unsynced writes.
+    /// What awaits a sync, described: `"entries of <dir>"` for a directory whose entry changes
+    /// are not yet synced, `"writes to <file>"` for a file with unsynced writes.
     pub fn unsynced(&self) -> Vec<String> {
         self.shared.lock().disk.unsynced()
     }
