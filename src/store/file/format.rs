@@ -202,8 +202,10 @@ const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 const OP_DELETE_RANGE: u8 = 3;
 
-/// Encodes a batch body. Returns the body and, per Put op in order, the value's offset in it.
-pub fn encode_batch_body(partition: &[u8], prev: Loc, ops: &[Op]) -> (Vec<u8>, Vec<u32>) {
+/// The exact length of the body [`encode_batch_body`] makes: keys and values plus the framing
+/// of every operation, a `DeleteRange` included. Computed without encoding, so a batch whose
+/// record would exceed [`MAX_BODY_LEN`] is refused before anything is built or written.
+pub fn batch_body_len(partition: &[u8], ops: &[Op]) -> usize {
     let mut size = 1 + partition.len() + 8 + 4;
     for op in ops {
         size += match op {
@@ -212,7 +214,12 @@ pub fn encode_batch_body(partition: &[u8], prev: Loc, ops: &[Op]) -> (Vec<u8>, V
             Op::DeleteRange(r) => 1 + bound_size(&r.start) + bound_size(&r.end),
         };
     }
-    let mut b = Vec::with_capacity(size);
+    size
+}
+
+/// Encodes a batch body. Returns the body and, per Put op in order, the value's offset in it.
+pub fn encode_batch_body(partition: &[u8], prev: Loc, ops: &[Op]) -> (Vec<u8>, Vec<u32>) {
+    let mut b = Vec::with_capacity(batch_body_len(partition, ops));
     put_name(&mut b, partition, prev);
     b.extend_from_slice(&(ops.len() as u32).to_le_bytes());
     let mut value_offsets = Vec::new();
@@ -445,6 +452,11 @@ mod tests {
             Op::DeleteRange(KeyRange::all()),
         ];
         let (body, offsets) = encode_batch_body(b"part", loc(3, 100), &ops);
+        assert_eq!(
+            body.len(),
+            batch_body_len(b"part", &ops),
+            "every op is counted"
+        );
         let decoded = decode_body(RecordKind::Batch, &body).unwrap();
         assert_eq!(decoded.partition, b"part");
         assert_eq!(decoded.prev, loc(3, 100));

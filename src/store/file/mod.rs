@@ -891,6 +891,17 @@ impl Store for FileStore {
         let inner = &self.inner;
         inner.check_open()?;
         batch.validate()?;
+        // The contract counts keys and values; the journal record also frames every operation
+        // (a `DeleteRange` included). A record over the frame limit would be acknowledged and
+        // then refused by every later read of the journal, so it is refused here (SPEC S11).
+        let record_len = format::batch_body_len(p.as_bytes(), batch.ops());
+        if record_len > MAX_BODY_LEN {
+            return Err(Error::TooLarge {
+                what: "journal record of the batch (keys, values and framing of every operation)",
+                size: record_len,
+                limit: MAX_BODY_LEN,
+            });
+        }
         if let Some(reason) = inner.journal.failed() {
             return Err(Error::SyncFailed(reason));
         }
