@@ -10,6 +10,7 @@
 //! mutex -> a partition's `view`. The heads snapshot takes the journal append mutex and then the
 //! partition table for reading; no path holds the table while appending, so the two never meet.
 
+mod chain;
 mod compaction;
 mod container;
 mod fault;
@@ -544,7 +545,7 @@ impl Inner {
             commit.load = Load::Corrupt(detail.clone());
             return Err(state.corrupt_error(&detail));
         }
-        match partition::load_index(&self.journal, state, partition::head_of(state)) {
+        match chain::load_index(&self.journal, state, partition::head_of(state)) {
             Ok((index, chain_len)) => {
                 let mut view = state.view.write();
                 view.index = index;
@@ -663,24 +664,7 @@ impl Inner {
         commit: &mut CommitState,
         index: &partition::Index,
     ) -> Result<()> {
-        let body = format::encode_base_body(
-            state.name.as_bytes(),
-            partition::head_of(state),
-            index.iter().map(|(k, v)| (&**k, v)),
-        );
-        if body.len() > MAX_BODY_LEN {
-            log::debug!(
-                "partition {} is too large for a base record; its chain stays long",
-                state.name
-            );
-            return Ok(());
-        }
-        self.journal
-            .append(RecordKind::Base, state.hash, &body, |_, at| {
-                state.head.store(at, Ordering::Release)
-            })?;
-        commit.chain_len = 1;
-        Ok(())
+        chain::write_base(&self.journal, state, commit, index)
     }
 
     /// Writes a heads snapshot at the current journal position, then points the manifest at it.
