@@ -25,6 +25,7 @@ pub mod fence;
 pub mod log;
 pub mod restore;
 pub mod store;
+pub mod typed;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use engine::{Engine, EngineBuilder};
