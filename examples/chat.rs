@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use portcullis::store::SyncPolicy;
 use portcullis::typed::{Typed, TypedMachine};
-use portcullis::{Engine, EntityId, Rejection, Result};
+use portcullis::{ApplyContext, Engine, EntityId, Rejection, Result};
 use serde::{Deserialize, Serialize};
 
 /// One record of a room's history.
@@ -41,7 +41,12 @@ impl TypedMachine for Chat {
         }
     }
 
-    fn apply(&self, room: &mut Room, _seq: u64, message: Message) -> Result<(), Rejection> {
+    fn apply(
+        &self,
+        room: &mut Room,
+        _: &ApplyContext<'_>,
+        message: Message,
+    ) -> Result<(), Rejection> {
         match message {
             Message::Posted { author, text } => {
                 if text.is_empty() {

@@ -17,7 +17,7 @@
 //!
 //! ```
 //! use portcullis::typed::{Typed, TypedMachine};
-//! use portcullis::{Engine, EntityId, Rejection};
+//! use portcullis::{ApplyContext, Engine, EntityId, Rejection};
 //! use portcullis::store::MemoryStore;
 //! use serde::{Deserialize, Serialize};
 //! use std::sync::Arc;
@@ -30,7 +30,7 @@
 //!     type Record = Event;
 //!     type State = u64;
 //!     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-//!     fn apply(&self, balance: &mut u64, _seq: u64, event: Event) -> Result<(), Rejection> {
+//!     fn apply(&self, balance: &mut u64, _: &ApplyContext<'_>, event: Event) -> Result<(), Rejection> {
 //!         match event {
 //!             Event::Deposited(n) => *balance += n,
 //!             Event::Withdrew(n) if n <= *balance => *balance -= n,
@@ -56,7 +56,7 @@ use serde::de::DeserializeOwned;
 use crate::engine::{Deferred, Engine, History, Written};
 use crate::entity::EntityId;
 use crate::error::{Error, Result};
-use crate::restore::{Rejection, StateMachine};
+use crate::restore::{ApplyContext, Rejection, StateMachine};
 
 /// A state machine over the application's own record and state types (SPEC E6).
 ///
@@ -67,14 +67,14 @@ use crate::restore::{Rejection, StateMachine};
 ///
 /// ```
 /// use portcullis::typed::TypedMachine;
-/// use portcullis::{EntityId, Rejection};
+/// use portcullis::{ApplyContext, EntityId, Rejection};
 ///
 /// struct Chat;
 /// impl TypedMachine for Chat {
 ///     type Record = String;
 ///     type State = Vec<String>;
 ///     fn fresh(&self, _: &EntityId) -> Vec<String> { Vec::new() }
-///     fn apply(&self, log: &mut Vec<String>, _: u64, line: String) -> Result<(), Rejection> {
+///     fn apply(&self, log: &mut Vec<String>, _: &ApplyContext<'_>, line: String) -> Result<(), Rejection> {
 ///         log.push(line);
 ///         Ok(())
 ///     }
@@ -89,11 +89,12 @@ pub trait TypedMachine: Send + Sync + 'static {
     /// The state of an entity with no history.
     fn fresh(&self, entity: &EntityId) -> Self::State;
 
-    /// Folds record `seq` into `state`, or refuses it (see [`StateMachine::apply`]).
+    /// Folds record `ctx.seq` into `state`, or refuses it (see [`StateMachine::apply`]; `ctx`
+    /// says whether the record is replayed, deferred, a repair or live).
     fn apply(
         &self,
         state: &mut Self::State,
-        seq: u64,
+        ctx: &ApplyContext<'_>,
         record: Self::Record,
     ) -> Result<(), Rejection>;
 
@@ -115,14 +116,14 @@ pub trait TypedMachine: Send + Sync + 'static {
 ///
 /// ```
 /// use portcullis::typed::{Typed, TypedMachine};
-/// use portcullis::{EntityId, Rejection, StateMachine};
+/// use portcullis::{ApplyContext, EntityId, Origin, Rejection, StateMachine};
 ///
 /// struct Sum;
 /// impl TypedMachine for Sum {
 ///     type Record = u32;
 ///     type State = u64;
 ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-///     fn apply(&self, s: &mut u64, _: u64, n: u32) -> Result<(), Rejection> {
+///     fn apply(&self, s: &mut u64, _: &ApplyContext<'_>, n: u32) -> Result<(), Rejection> {
 ///         *s += u64::from(n);
 ///         Ok(())
 ///     }
@@ -131,7 +132,8 @@ pub trait TypedMachine: Send + Sync + 'static {
 /// let machine = Typed(Sum);
 /// let entity = EntityId::new("sums", "a").unwrap();
 /// let mut state = machine.fresh(&entity);
-/// machine.apply(&mut state, 1, &portcullis::typed::encode(&5u32).unwrap()).unwrap();
+/// let ctx = ApplyContext::new(&entity, 1, Origin::Live);
+/// machine.apply(&mut state, &ctx, &portcullis::typed::encode(&5u32).unwrap()).unwrap();
 /// assert_eq!(state, 5);
 /// assert!(machine.validate(b"").is_err()); // not a u32
 /// ```
@@ -198,10 +200,15 @@ impl<T: TypedMachine> StateMachine for Typed<T> {
         self.0.fresh(entity)
     }
 
-    fn apply(&self, state: &mut Self::State, seq: u64, record: &[u8]) -> Result<(), Rejection> {
-        let record =
-            decode::<T::Record>(record).map_err(|r| Rejection::new(format!("record {seq} {r}")))?;
-        self.0.apply(state, seq, record)
+    fn apply(
+        &self,
+        state: &mut Self::State,
+        ctx: &ApplyContext<'_>,
+        record: &[u8],
+    ) -> Result<(), Rejection> {
+        let record = decode::<T::Record>(record)
+            .map_err(|r| Rejection::new(format!("record {} {r}", ctx.seq)))?;
+        self.0.apply(state, ctx, record)
     }
 
     fn encode_checkpoint(&self, state: &Self::State) -> Vec<u8> {
@@ -248,7 +255,7 @@ impl<T: TypedMachine> Engine<Typed<T>> {
     /// # impl TypedMachine for Stock {
     /// #     type Record = i64; type State = i64;
     /// #     fn fresh(&self, _: &EntityId) -> i64 { 0 }
-    /// #     fn apply(&self, s: &mut i64, _: u64, d: i64) -> Result<(), Rejection> { *s += d; Ok(()) }
+    /// #     fn apply(&self, s: &mut i64, _: &portcullis::ApplyContext<'_>, d: i64) -> Result<(), Rejection> { *s += d; Ok(()) }
     /// # }
     /// # let engine = Engine::builder(Typed(Stock))
     /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
@@ -295,7 +302,7 @@ impl<T: TypedMachine> Engine<Typed<T>> {
     /// # impl TypedMachine for Chat {
     /// #     type Record = String; type State = usize;
     /// #     fn fresh(&self, _: &EntityId) -> usize { 0 }
-    /// #     fn apply(&self, s: &mut usize, _: u64, _: String) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut usize, _: &portcullis::ApplyContext<'_>, _: String) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// # }
     /// # let engine = Engine::builder(Typed(Chat))
     /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
@@ -326,7 +333,7 @@ impl<T: TypedMachine> Engine<Typed<T>> {
     /// # impl TypedMachine for Chat {
     /// #     type Record = String; type State = usize;
     /// #     fn fresh(&self, _: &EntityId) -> usize { 0 }
-    /// #     fn apply(&self, s: &mut usize, _: u64, _: String) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut usize, _: &portcullis::ApplyContext<'_>, _: String) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// # }
     /// # let engine = Engine::builder(Typed(Chat))
     /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
@@ -353,7 +360,7 @@ impl<T: TypedMachine> Engine<Typed<T>> {
     /// # impl TypedMachine for Chat {
     /// #     type Record = String; type State = usize;
     /// #     fn fresh(&self, _: &EntityId) -> usize { 0 }
-    /// #     fn apply(&self, s: &mut usize, _: u64, _: String) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut usize, _: &portcullis::ApplyContext<'_>, _: String) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// # }
     /// # let engine = Engine::builder(Typed(Chat))
     /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;

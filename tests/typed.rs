@@ -10,7 +10,7 @@ use portcullis::engine::{Engine, EngineBuilder};
 use portcullis::log;
 use portcullis::store::{Batch, Entries, KeyRange, MemoryStore, Partition, Store};
 use portcullis::typed::{Typed, TypedMachine};
-use portcullis::{EntityId, Error, Rejection};
+use portcullis::{ApplyContext, EntityId, Error, Rejection};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -36,14 +36,14 @@ impl TypedMachine for Chat {
         Room::default()
     }
 
-    fn apply(&self, room: &mut Room, seq: u64, msg: Msg) -> Result<(), Rejection> {
+    fn apply(&self, room: &mut Room, ctx: &ApplyContext<'_>, msg: Msg) -> Result<(), Rejection> {
         match msg {
             Msg::Joined { user } => room.members.push(user),
             Msg::Said { user, text } => {
                 if !room.members.contains(&user) {
                     return Err(Rejection::new(format!("{user} is not in the room")));
                 }
-                room.lines.push((seq, format!("{user}: {text}")));
+                room.lines.push((ctx.seq, format!("{user}: {text}")));
             }
             Msg::Left { user } => room.members.retain(|m| *m != user),
         }

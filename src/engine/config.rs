@@ -129,7 +129,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// # impl TypedMachine for Count {
     /// #     type Record = (); type State = u64;
     /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: u64, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// # }
     /// use portcullis::store::SyncPolicy;
     /// let dir = tempfile::tempdir().unwrap();
@@ -157,7 +157,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// # impl TypedMachine for Count {
     /// #     type Record = (); type State = u64;
     /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: u64, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// # }
     /// let dir = tempfile::tempdir().unwrap();
     /// let engine = Engine::builder(Typed(Count))
@@ -187,7 +187,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// # impl TypedMachine for Count {
     /// #     type Record = (); type State = u64;
     /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: u64, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// # }
     /// let engine = Engine::builder(Typed(Count))
     ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
@@ -218,7 +218,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// # impl TypedMachine for Count {
     /// #     type Record = (); type State = u64;
     /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: u64, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// # }
     /// let engine = Engine::builder(Typed(Count))
     ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))

@@ -78,7 +78,7 @@ impl<M: StateMachine> Engine<M> {
     /// # impl TypedMachine for Chat {
     /// #     type Record = String; type State = usize;
     /// #     fn fresh(&self, _: &EntityId) -> usize { 0 }
-    /// #     fn apply(&self, s: &mut usize, _: u64, _: String) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut usize, _: &portcullis::ApplyContext<'_>, _: String) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// # }
     /// # let engine = Engine::builder(Typed(Chat))
     /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
