@@ -19,15 +19,16 @@ pub enum Error {
     InvalidArgument(String),
 
     /// A key, value, batch or record exceeds a documented limit; nothing was changed.
-    #[error(
-        "{what} is {size} bytes, above the limit of {limit} bytes; split it, nothing was changed"
-    )]
+    ///
+    /// Sizes are in bytes, except when `what` counts something ("operations in a batch",
+    /// "preconditions in a batch"), which the message then says.
+    #[error("{}", too_large_message(what, *size, *limit))]
     TooLarge {
-        /// What was too large ("key", "value", "batch", ...).
+        /// What was too large ("key", "value", "batch", "operations in a batch", ...).
         what: &'static str,
-        /// Its size in bytes.
+        /// Its size in bytes, or its count when `what` names a count.
         size: usize,
-        /// The limit in bytes.
+        /// The limit, in the same unit.
         limit: usize,
     },
 
@@ -131,6 +132,20 @@ pub enum Error {
     },
 }
 
+/// The message of [`Error::TooLarge`]: bytes, or a count for "operations ..." and
+/// "preconditions ..." (SPEC S11: a backend may limit how many a batch carries).
+fn too_large_message(what: &str, size: usize, limit: usize) -> String {
+    if what.starts_with("operations") || what.starts_with("preconditions") {
+        format!(
+            "{size} {what}, above this store's limit of {limit}; split the work into several batches, nothing was changed"
+        )
+    } else {
+        format!(
+            "{what} is {size} bytes, above the limit of {limit} bytes; split it, nothing was changed"
+        )
+    }
+}
+
 impl Error {
     /// The stable numeric code of this error (SPEC E1). Zero is reserved for success.
     pub fn code(&self) -> u32 {
@@ -216,5 +231,29 @@ mod tests {
         codes.dedup();
         assert_eq!(codes.len(), all.len());
         assert!(!codes.contains(&0));
+    }
+
+    #[test]
+    fn too_large_names_counts_and_bytes() {
+        let count = Error::TooLarge {
+            what: "operations in a batch",
+            size: 64,
+            limit: 63,
+        };
+        assert_eq!(
+            count.to_string(),
+            "64 operations in a batch, above this store's limit of 63; split the work into \
+             several batches, nothing was changed"
+        );
+        let bytes = Error::TooLarge {
+            what: "key",
+            size: 2000,
+            limit: 1024,
+        };
+        assert!(
+            bytes
+                .to_string()
+                .starts_with("key is 2000 bytes, above the limit of 1024 bytes")
+        );
     }
 }
