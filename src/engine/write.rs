@@ -101,7 +101,7 @@ impl<M: StateMachine> Engine<M> {
             let outcome = self
                 .inner
                 .fence
-                .write_with(entity, grant_epoch, |_| Some(prepared.batch.clone()));
+                .write_engine_rows_with(entity, grant_epoch, |_| Some(prepared.batch.clone()));
             let appended = match outcome {
                 Ok(WriteOutcome::Committed { .. }) => prepared.appended,
                 Ok(WriteOutcome::PreconditionFailed { index: 0 }) => {
