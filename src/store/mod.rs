@@ -22,6 +22,7 @@ pub use file::{
     OpenReport, OsFs, PathKind, SyncPolicy, TornTail, Vfs, VfsFile, VfsLock,
 };
 
+pub(crate) use file::{FileCheck, FileState, check_unopened};
 pub use iter::{ENTRIES_PAGE, Entries};
 pub use memory::MemoryStore;
 pub use types::{
