@@ -9,10 +9,12 @@ mod memory;
 mod types;
 
 pub use file::{
-    CompactionReport, DamagedRecord, FailMode, FaultFs, FileStore, FileStoreBuilder, OpenMode,
-    OpenReport, OsFs, PathKind, SyncPolicy, TornTail, Vfs, VfsFile, VfsLock,
+    CompactionReport, CrashPoint, DamagedRecord, FailMode, FaultFs, FileStore, FileStoreBuilder,
+    OpenMode, OpenReport, OsFs, PathKind, SyncPolicy, TornTail, Vfs, VfsFile, VfsLock,
 };
 
+#[cfg(feature = "fault-injection")]
+pub use file::SkipSync;
 pub use memory::MemoryStore;
 pub(crate) use types::check_guards;
 pub use types::{
