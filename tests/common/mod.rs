@@ -7,6 +7,7 @@
 
 pub mod backends;
 pub mod check;
+pub mod crash;
 pub mod engine;
 #[cfg(feature = "etcd")]
 pub mod etcd;
