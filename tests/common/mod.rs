@@ -9,6 +9,8 @@ pub mod backends;
 pub mod check;
 pub mod crash;
 pub mod engine;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod layout;
 pub mod logs;
 pub mod rng;
