@@ -62,6 +62,16 @@ pub struct ScanOutcome {
 
 /// Opens every segment in `journal_dir` and checks its header.
 pub fn open_segments(vfs: &dyn Vfs, journal_dir: &Path) -> Result<BTreeMap<u32, Segment>> {
+    open_segments_with(vfs, journal_dir, |_, file| file)
+}
+
+/// [`open_segments`], keeping for each segment the file `keep` makes of the handle that read
+/// its header (the store keeps a handle from its bounded table instead, and closes this one).
+pub fn open_segments_with(
+    vfs: &dyn Vfs,
+    journal_dir: &Path,
+    keep: impl Fn(u32, Arc<dyn VfsFile>) -> Arc<dyn VfsFile>,
+) -> Result<BTreeMap<u32, Segment>> {
     let mut segments = BTreeMap::new();
     let names = vfs
         .list(journal_dir)
@@ -90,7 +100,7 @@ pub fn open_segments(vfs: &dyn Vfs, journal_dir: &Path) -> Result<BTreeMap<u32, 
                 segments.insert(
                     number,
                     Segment {
-                        file,
+                        file: keep(number, file),
                         seed: format::salt_seed(salt),
                     },
                 );
