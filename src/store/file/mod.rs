@@ -71,6 +71,9 @@ struct HeadsSnapshot {
     offset: u64,
     next_lsn: u64,
     heads: Vec<(Vec<u8>, u64)>,
+    /// The garbage estimate at that position, so compaction still starts by itself in a
+    /// process that restarts often (a restart used to reset it to zero).
+    garbage_bytes: u64,
 }
 
 /// What opening the store read, and how long it took (SPEC S5).
@@ -265,6 +268,7 @@ struct Inner {
     compactions: AtomicU64,
     /// Estimated bytes of journal no longer reachable from any index.
     garbage_bytes: AtomicU64,
+    background: compaction::Background,
     /// Dropping the sender stops the periodic sync thread.
     syncer: Mutex<Option<crossbeam::channel::Sender<()>>>,
 }
@@ -367,12 +371,16 @@ impl FileStore {
         let mut snapshot_name = None;
         let mut start = None;
         let mut heads = HashMap::new();
+        // Garbage made after the snapshot (at most `snapshot_every_bytes` of journal, unless the
+        // process crashed) and before a full-scan rebuild is not counted.
+        let mut garbage = 0;
         match manifest.as_ref().and_then(|m| m.snapshot.clone()) {
             Some(name) => {
                 match container::read::<HeadsSnapshot>(&*vfs, &dir, &name, SNAPSHOT_MAGIC) {
                     Ok(Some((snap, bytes))) => {
                         report.snapshot_bytes = bytes;
                         start = Some((snap.segment, snap.offset, snap.next_lsn));
+                        garbage = snap.garbage_bytes;
                         heads = snap
                             .heads
                             .into_iter()
@@ -462,7 +470,8 @@ impl FileStore {
             batches: AtomicU64::new(0),
             loaded: AtomicU64::new(0),
             compactions: AtomicU64::new(0),
-            garbage_bytes: AtomicU64::new(0),
+            garbage_bytes: AtomicU64::new(garbage),
+            background: compaction::Background::default(),
             syncer: Mutex::new(syncer),
         });
         if needs_snapshot {
@@ -513,6 +522,18 @@ impl FileStore {
     pub fn compact(&self) -> Result<CompactionReport> {
         self.inner.check_open()?;
         compaction::compact(&self.inner)
+    }
+
+    /// Test hook: compactions started by themselves (garbage outweighing live data) since open.
+    #[cfg(feature = "test-hooks")]
+    pub fn background_compactions(&self) -> u64 {
+        self.inner.background.started()
+    }
+
+    /// Test hook: waits until every compaction started by itself so far has finished.
+    #[cfg(feature = "test-hooks")]
+    pub fn wait_for_background_compactions(&self) {
+        self.inner.background.wait_idle()
     }
 }
 
@@ -746,14 +767,16 @@ impl Inner {
             // Nothing was appended since the snapshot on disk: it is still exact.
             return Ok(());
         }
-        let (segment, offset, next_lsn, heads) = self.journal.with_appends_paused(|| {
-            let table = self.table.read();
-            table
-                .heads()
-                .filter(|&(_, head)| head != 0)
-                .map(|(name, head)| (name.to_vec(), head))
-                .collect::<Vec<_>>()
-        });
+        let (segment, offset, next_lsn, (heads, garbage_bytes)) =
+            self.journal.with_appends_paused(|| {
+                let table = self.table.read();
+                let heads = table
+                    .heads()
+                    .filter(|&(_, head)| head != 0)
+                    .map(|(name, head)| (name.to_vec(), head))
+                    .collect::<Vec<_>>();
+                (heads, self.garbage_bytes.load(Ordering::Relaxed))
+            });
         // Every head must point at a durable record before the snapshot names it.
         self.journal.sync_all()?;
         let snapshot = HeadsSnapshot {
@@ -761,6 +784,7 @@ impl Inner {
             offset,
             next_lsn,
             heads,
+            garbage_bytes,
         };
         let name = format!("heads-{next_lsn:020}.snap");
         let vfs = &*self.config.vfs;
@@ -1080,6 +1104,7 @@ impl Store for FileStore {
             partitions_loaded: inner.loaded.load(Ordering::Relaxed),
             segments: inner.journal.live_segments().len() as u64,
             compactions: inner.compactions.load(Ordering::Relaxed),
+            garbage_bytes: inner.garbage_bytes.load(Ordering::Relaxed),
         }
     }
 
