@@ -10,7 +10,8 @@ mod types;
 
 pub use file::{
     CompactionReport, DamagedRecord, FailMode, FaultFs, FileStore, FileStoreBuilder, OpenMode,
-    OpenReport, OsFs, PathKind, SyncPolicy, TornTail, Vfs, VfsFile, VfsLock,
+    OpenReport, OsFs, PathKind, RefusedPartition, StoreDamage, SyncPolicy, TornTail, Vfs, VfsFile,
+    VfsLock,
 };
 
 pub use memory::MemoryStore;
