@@ -19,15 +19,16 @@ pub enum Error {
     InvalidArgument(String),
 
     /// A key, value, batch or record exceeds a documented limit; nothing was changed.
-    #[error(
-        "{what} is {size} bytes, above the limit of {limit} bytes; split it, nothing was changed"
-    )]
+    ///
+    /// Sizes are in bytes, except when `what` counts something ("operations in a batch",
+    /// "preconditions in a batch"), which the message then says.
+    #[error("{}", too_large_message(what, *size, *limit))]
     TooLarge {
-        /// What was too large ("key", "value", "batch", ...).
+        /// What was too large ("key", "value", "batch", "operations in a batch", ...).
         what: &'static str,
-        /// Its size in bytes.
+        /// Its size in bytes, or its count when `what` names a count.
         size: usize,
-        /// The limit in bytes.
+        /// The limit, in the same unit.
         limit: usize,
     },
 
@@ -112,6 +113,35 @@ pub enum Error {
     /// The entity is not registered.
     #[error("unknown entity {0}; register it first")]
     UnknownEntity(String),
+
+    /// The call was refused because waiting for it would never end (SPEC R11): application
+    /// code called back into the engine for an entity this thread already holds (from a
+    /// `read`/`write`/`fold_all` closure, from `apply` during a write, or from inside the
+    /// entity's own restore unit), or restore units of different entities touched each other
+    /// in a cycle, or `close` was called from inside an engine call. Nothing was changed.
+    #[error(
+        "refused to touch {entity}: {detail}; it would deadlock, so make the call outside the closure, hook or restore unit (see docs/restore.md, locking rules)"
+    )]
+    WouldDeadlock {
+        /// The entity whose touch was refused (empty for `close`).
+        entity: String,
+        /// Which rule the call broke.
+        detail: String,
+    },
+}
+
+/// The message of [`Error::TooLarge`]: bytes, or a count for "operations ..." and
+/// "preconditions ..." (SPEC S11: a backend may limit how many a batch carries).
+fn too_large_message(what: &str, size: usize, limit: usize) -> String {
+    if what.starts_with("operations") || what.starts_with("preconditions") {
+        format!(
+            "{size} {what}, above this store's limit of {limit}; split the work into several batches, nothing was changed"
+        )
+    } else {
+        format!(
+            "{what} is {size} bytes, above the limit of {limit} bytes; split it, nothing was changed"
+        )
+    }
 }
 
 impl Error {
@@ -130,6 +160,7 @@ impl Error {
             Error::Unavailable { .. } => 10,
             Error::Contained { .. } => 11,
             Error::UnknownEntity(_) => 12,
+            Error::WouldDeadlock { .. } => 13,
         }
     }
 
@@ -188,11 +219,39 @@ mod tests {
                 reason: "r".into(),
             },
             Error::UnknownEntity("e".into()),
+            Error::WouldDeadlock {
+                entity: "e".into(),
+                detail: "d".into(),
+            },
         ];
         let mut codes: Vec<u32> = all.iter().map(Error::code).collect();
         codes.sort_unstable();
         codes.dedup();
         assert_eq!(codes.len(), all.len());
         assert!(!codes.contains(&0));
+    }
+
+    #[test]
+    fn too_large_names_counts_and_bytes() {
+        let count = Error::TooLarge {
+            what: "operations in a batch",
+            size: 64,
+            limit: 63,
+        };
+        assert_eq!(
+            count.to_string(),
+            "64 operations in a batch, above this store's limit of 63; split the work into \
+             several batches, nothing was changed"
+        );
+        let bytes = Error::TooLarge {
+            what: "key",
+            size: 2000,
+            limit: 1024,
+        };
+        assert!(
+            bytes
+                .to_string()
+                .starts_with("key is 2000 bytes, above the limit of 1024 bytes")
+        );
     }
 }

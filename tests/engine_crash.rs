@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use common::rng::Rng;
 use portcullis::engine::{Engine, EngineBuilder};
-use portcullis::restore::{Rejection, StateMachine};
+use portcullis::restore::{ApplyContext, Rejection, StateMachine};
 use portcullis::store::{FileStore, Store};
 use portcullis::{EntityId, Error};
 
@@ -36,7 +36,12 @@ impl StateMachine for Journal {
         Vec::new()
     }
 
-    fn apply(&self, s: &mut Vec<String>, _: u64, record: &[u8]) -> Result<(), Rejection> {
+    fn apply(
+        &self,
+        s: &mut Vec<String>,
+        _: &ApplyContext<'_>,
+        record: &[u8],
+    ) -> Result<(), Rejection> {
         let text = String::from_utf8(record.to_vec()).map_err(|_| Rejection::new("not utf-8"))?;
         s.push(text);
         Ok(())

@@ -10,7 +10,9 @@
 
 mod config;
 mod fencing;
+mod history;
 mod incarnation;
+mod options;
 mod stats;
 mod write;
 
@@ -19,6 +21,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 pub use config::EngineBuilder;
+pub use history::History;
 pub use stats::EngineStats;
 pub use write::{Deferred, Written};
 
@@ -48,6 +51,15 @@ impl<M: StateMachine> Clone for Engine<M> {
     }
 }
 
+impl<M: StateMachine> std::fmt::Debug for Engine<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("incarnation", &self.inner.incarnation.number)
+            .field("open", &*self.inner.open.read_recursive())
+            .finish_non_exhaustive()
+    }
+}
+
 struct Inner<M: StateMachine> {
     restorer: Arc<Restorer<M>>,
     store: Arc<dyn Store>,
@@ -56,6 +68,10 @@ struct Inner<M: StateMachine> {
     incarnation: Incarnation,
     warm_parallelism: usize,
     truncate_after_checkpoint: bool,
+    /// Register an unknown entity on its first write instead of answering `UnknownEntity`.
+    register_on_first_write: bool,
+    /// Publish a checkpoint once a write leaves this many records after the newest one.
+    checkpoint_every: Option<u64>,
     /// The epoch fence every write commits through (SPEC F2, F3).
     fence: Fence,
     /// `true` while open. Calls hold it shared (recursively, so code inside a restore unit can
@@ -103,6 +119,8 @@ impl<M: StateMachine> Engine<M> {
                 incarnation,
                 warm_parallelism: config.warm_parallelism,
                 truncate_after_checkpoint: config.truncate_after_checkpoint,
+                register_on_first_write: config.register_on_first_write,
+                checkpoint_every: config.checkpoint_every,
                 fence: Fence::new(
                     Arc::clone(&store_for_fence),
                     Arc::clone(&config.clock),

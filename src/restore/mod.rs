@@ -33,7 +33,7 @@ mod unit;
 mod warm;
 
 pub use containment::{Containment, ReasonKind};
-pub use machine::{Rejection, StateMachine};
+pub use machine::{ApplyContext, Origin, Rejection, StateMachine};
 pub(crate) use registry::inside_own_unit;
 pub use registry::{Deferral, PhaseCounts, Restorer, Slot, Touched};
 pub use telemetry::Metrics;

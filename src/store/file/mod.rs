@@ -41,8 +41,8 @@ use self::journal::Journal;
 use self::partition::{CommitState, IndexOp, Load, Lookup, PartState, Pending, PendingOp};
 use self::recovery::Damage;
 use super::{
-    Batch, Cursor, KeyRange, Op, Outcome, Partition, ScanPage, Store, StoreStats, check_guards,
-    check_key, check_limit,
+    Batch, Cursor, KeyRange, Op, Outcome, Partition, ScanPage, Store, StoreLimits, StoreStats,
+    check_guards, check_key, check_limit,
 };
 use crate::clock::{SharedClock, SystemClock};
 use crate::error::{Error, Result};
@@ -1010,7 +1010,7 @@ impl Store for FileStore {
     fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {
         let inner = &self.inner;
         inner.check_open()?;
-        batch.validate()?;
+        batch.validate_within(&self.limits())?;
         if let Some(reason) = inner.journal.failed() {
             return Err(Error::SyncFailed(reason));
         }
@@ -1114,6 +1114,16 @@ impl Store for FileStore {
 
     fn now_ms(&self) -> u64 {
         self.inner.config.clock.now_ms()
+    }
+
+    /// SPEC S1's limits, with no limit on the number of operations (SPEC S11).
+    fn limits(&self) -> StoreLimits {
+        StoreLimits::DEFAULT
+    }
+
+    /// `NotAfter` is checked against the store's clock inside the commit step (SPEC S2).
+    fn evaluates_deadlines(&self) -> bool {
+        true
     }
 
     fn stats(&self) -> StoreStats {
