@@ -128,6 +128,19 @@ pub enum Error {
         /// Which rule the call broke.
         detail: String,
     },
+
+    /// A batch was sent to a remote store but its answer was lost (a timeout or a dropped
+    /// connection after sending), and the store could not find out whether it committed
+    /// (SPEC S11). It was applied at most once: either it committed, or it never will.
+    #[error(
+        "the outcome of a batch on {partition} is unknown: {detail}; it committed at most once, so read back what it wrote before deciding to retry it"
+    )]
+    OutcomeUnknown {
+        /// The partition the batch was for.
+        partition: String,
+        /// What went wrong, and where.
+        detail: String,
+    },
 }
 
 /// The message of [`Error::TooLarge`]: bytes, or a count for "operations ..." and
@@ -161,6 +174,7 @@ impl Error {
             Error::Contained { .. } => 11,
             Error::UnknownEntity(_) => 12,
             Error::WouldDeadlock { .. } => 13,
+            Error::OutcomeUnknown { .. } => 14,
         }
     }
 
@@ -221,6 +235,10 @@ mod tests {
             Error::UnknownEntity("e".into()),
             Error::WouldDeadlock {
                 entity: "e".into(),
+                detail: "d".into(),
+            },
+            Error::OutcomeUnknown {
+                partition: "p".into(),
                 detail: "d".into(),
             },
         ];

@@ -124,3 +124,29 @@ pub(crate) fn end_clean(
         }),
     }
 }
+
+/// The incarnation row in an operator's words, for the inspect tool (SPEC E5): the last
+/// incarnation, whether it closed cleanly, and which unclean one is still owed a repair.
+pub(crate) fn describe(store: &dyn Store) -> Result<Option<String>> {
+    let p = system_partition();
+    let Some(raw) = store.get(&p, INCARNATION_KEY)? else {
+        return Ok(None);
+    };
+    let row: IncarnationRow = decode_row(&p, "incarnation", &raw)?;
+    let state = if row.clean {
+        "closed cleanly"
+    } else {
+        "did not close cleanly (running now, or it crashed)"
+    };
+    let owed = match (row.clean, row.owed_repair) {
+        (false, _) => format!(
+            "the next open repairs entities for incarnation {}",
+            row.number
+        ),
+        (true, Some(owed)) => {
+            format!("entities not yet restored owe a repair for incarnation {owed}")
+        }
+        (true, None) => "no repair owed".to_string(),
+    };
+    Ok(Some(format!("incarnation {} {state}; {owed}", row.number)))
+}

@@ -15,6 +15,7 @@ pub use file::{
     VfsLock,
 };
 
+pub(crate) use file::{FileCheck, FileState, check_unopened};
 pub use iter::{ENTRIES_PAGE, Entries};
 pub use memory::MemoryStore;
 pub use types::{

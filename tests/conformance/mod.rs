@@ -2358,6 +2358,13 @@ pub fn error_codes_are_stable(open: Open) {
             11,
         ),
         (Error::UnknownEntity("e".into()), 12),
+        (
+            Error::OutcomeUnknown {
+                partition: "p".into(),
+                detail: "d".into(),
+            },
+            14,
+        ),
     ];
     for (e, code) in &all {
         assert_eq!(e.code(), *code, "{e:?}");

@@ -16,8 +16,10 @@ mod damage;
 mod fault;
 mod format;
 mod journal;
+mod overlay;
 mod partition;
 mod recovery;
+mod verify;
 mod vfs;
 
 use std::collections::HashMap;
@@ -34,6 +36,7 @@ pub use damage::{RefusedPartition, StoreDamage};
 pub use fault::{FailMode, FaultFs};
 pub use journal::SyncPolicy;
 pub use recovery::{DamagedRecord, TornTail};
+pub(crate) use verify::{FileCheck, FileState, check_unopened};
 pub use vfs::{OpenMode, OsFs, PathKind, Vfs, VfsFile, VfsLock};
 
 use self::format::{Loc, MAX_BODY_LEN, RecordKind, ValueLoc};
