@@ -94,7 +94,7 @@ impl<M: StateMachine> Engine<M> {
             let outcome = self
                 .inner
                 .fence
-                .write_with(entity, grant_epoch, |_| Some(prepared.batch.clone()))?;
+                .write_engine_rows_with(entity, grant_epoch, |_| Some(prepared.batch.clone()))?;
             let appended = match outcome {
                 WriteOutcome::Committed { .. } => prepared.appended,
                 WriteOutcome::PreconditionFailed { index: 0 } => {
