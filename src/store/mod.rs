@@ -10,11 +10,13 @@ mod memory;
 mod types;
 
 pub use file::{
-    CompactionReport, DamagedRecord, FailMode, FaultFs, FileStore, FileStoreBuilder, OpenMode,
-    OpenReport, OsFs, PathKind, RefusedPartition, StoreDamage, SyncPolicy, TornTail, Vfs, VfsFile,
-    VfsLock,
+    CompactionReport, CrashPoint, DamagedRecord, FailMode, FaultFs, FileStore, FileStoreBuilder,
+    OpenMode, OpenReport, OsFs, PathKind, RefusedPartition, StoreDamage, SyncPolicy, TornTail, Vfs,
+    VfsFile, VfsLock,
 };
 
+#[cfg(feature = "fault-injection")]
+pub use file::SkipSync;
 pub(crate) use file::{FileCheck, FileState, check_unopened};
 pub use iter::{ENTRIES_PAGE, Entries};
 pub use memory::MemoryStore;

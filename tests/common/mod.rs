@@ -7,6 +7,7 @@
 
 pub mod backends;
 pub mod check;
+pub mod crash;
 pub mod disk;
 pub mod engine;
 pub mod layout;

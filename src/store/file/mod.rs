@@ -14,6 +14,7 @@ mod chain;
 mod compaction;
 mod container;
 mod damage;
+mod durability;
 mod fault;
 mod format;
 mod journal;
@@ -34,7 +35,9 @@ use serde::{Deserialize, Serialize};
 
 pub use compaction::CompactionReport;
 pub use damage::{RefusedPartition, StoreDamage};
-pub use fault::{FailMode, FaultFs};
+#[cfg(feature = "fault-injection")]
+pub use fault::skip::SkipSync;
+pub use fault::{CrashPoint, FailMode, FaultFs};
 pub use journal::SyncPolicy;
 pub use recovery::{DamagedRecord, TornTail};
 pub(crate) use verify::{FileCheck, FileState, check_unopened};
@@ -167,6 +170,26 @@ pub struct FileStoreBuilder {
     snapshot_every_bytes: u64,
     base_every_records: u32,
     auto_compact: bool,
+    #[cfg(feature = "fault-injection")]
+    skip_syncs: std::collections::HashSet<SkipSync>,
+    #[cfg(feature = "fault-injection")]
+    append_observer: Option<AppendObserver>,
+}
+
+/// Called with each batch's partition and journal sequence number once it is appended (tests
+/// only; see [`FileStoreBuilder::observe_appends`]).
+#[cfg(feature = "fault-injection")]
+#[derive(Clone)]
+struct AppendObserver(Arc<ObserveFn>);
+
+#[cfg(feature = "fault-injection")]
+type ObserveFn = dyn Fn(&Partition, u64) + Send + Sync;
+
+#[cfg(feature = "fault-injection")]
+impl std::fmt::Debug for AppendObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AppendObserver")
+    }
 }
 
 impl FileStoreBuilder {
@@ -212,6 +235,26 @@ impl FileStoreBuilder {
     /// (default true).
     pub fn auto_compact(mut self, on: bool) -> Self {
         self.auto_compact = on;
+        self
+    }
+
+    /// Test only (feature `fault-injection`): skips one kind of sync, so a crash test can show
+    /// it would catch the sync's absence. Never use this outside a negative control.
+    #[cfg(feature = "fault-injection")]
+    pub fn skip_sync(mut self, skip: SkipSync) -> Self {
+        self.skip_syncs.insert(skip);
+        self
+    }
+
+    /// Test only (feature `fault-injection`): calls `observe` with each batch's partition and
+    /// journal sequence number once it is appended, before it is durable, so a crash test knows
+    /// the journal order of concurrent commits. Called on the committing thread, under no lock.
+    #[cfg(feature = "fault-injection")]
+    pub fn observe_appends(
+        mut self,
+        observe: impl Fn(&Partition, u64) + Send + Sync + 'static,
+    ) -> Self {
+        self.append_observer = Some(AppendObserver(Arc::new(observe)));
         self
     }
 
@@ -328,11 +371,21 @@ impl FileStore {
             snapshot_every_bytes: 32 << 20,
             base_every_records: 64,
             auto_compact: true,
+            #[cfg(feature = "fault-injection")]
+            skip_syncs: Default::default(),
+            #[cfg(feature = "fault-injection")]
+            append_observer: None,
         }
     }
 
-    fn open_with(config: FileStoreBuilder) -> Result<FileStore> {
+    #[cfg_attr(not(feature = "fault-injection"), allow(unused_mut))]
+    fn open_with(mut config: FileStoreBuilder) -> Result<FileStore> {
         let started = Instant::now();
+        #[cfg(feature = "fault-injection")]
+        {
+            config.vfs =
+                fault::skip::SkippingVfs::wrap(config.vfs.clone(), &config.dir, &config.skip_syncs);
+        }
         let vfs = config.vfs.clone();
         let dir = config.dir.clone();
         let io = |what: &str, e| Error::io(format!("{what} {}", dir.display()), e);
@@ -344,14 +397,7 @@ impl FileStore {
                 )));
             }
             Some(PathKind::Dir) => {}
-            None => {
-                vfs.create_dir_all(&dir).map_err(|e| io("creating", e))?;
-                // The new directory's entry must survive a power cut too (SPEC S3).
-                if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                    vfs.sync_dir(parent)
-                        .map_err(|e| io("syncing the parent directory of", e))?;
-                }
-            }
+            None => durability::create_dir_durably(&*vfs, &dir)?,
         }
         let lock = match vfs.try_lock(&dir.join(LOCK_FILE)) {
             Ok(lock) => lock,
@@ -363,14 +409,8 @@ impl FileStore {
             Err(e) => return Err(io("locking", e)),
         };
         let journal_dir = dir.join(JOURNAL_DIR);
-        if vfs
-            .kind(&journal_dir)
-            .map_err(|e| io("inspecting the journal in", e))?
-            .is_none()
-        {
-            vfs.create_dir_all(&journal_dir)
-                .map_err(|e| io("creating the journal in", e))?;
-            vfs.sync_dir(&dir).map_err(|e| io("syncing", e))?;
+        if vfs.kind(&journal_dir).map_err(|e| io("inspecting", e))? != Some(PathKind::Dir) {
+            durability::create_dir_durably(&*vfs, &journal_dir)?;
         }
 
         let mut report = OpenReport::default();
@@ -443,19 +483,13 @@ impl FileStore {
             heads,
             &damage,
         )?;
-        // What a killed process wrote may be only in the page cache: make everything open
-        // found durable before serving it, so nothing a reader sees can vanish in a later
-        // power cut (SPEC S3, S4).
-        for number in &outcome.scanned {
-            if let Some(segment) = outcome.tail.segments.get(number) {
-                segment
-                    .file
-                    .sync_data()
-                    .map_err(|e| Error::io(format!("syncing journal segment {number}"), e))?;
-            }
-        }
-        vfs.sync_dir(&journal_dir)
-            .map_err(|e| io("syncing the journal in", e))?;
+        durability::sync_what_open_found(
+            &*vfs,
+            &dir,
+            &journal_dir,
+            &outcome.tail,
+            start.map(|s| s.0),
+        )?;
         report.journal_bytes_scanned = outcome.bytes_scanned;
         report.records_scanned = outcome.records_scanned;
         report.torn_tail = outcome.torn_tail.clone();
@@ -1063,6 +1097,10 @@ impl Store for FileStore {
             commit.chain_len += 1;
             lsn
         };
+        #[cfg(feature = "fault-injection")]
+        if let Some(observe) = &inner.config.append_observer {
+            (observe.0)(p, lsn);
+        }
         // Wait outside the partition's lock, so its next writer can queue behind us and share
         // our sync (SPEC S3).
         let durable = inner.journal.wait_durable(lsn);

@@ -84,8 +84,6 @@ pub struct ScanOutcome {
     pub torn_tail: Option<TornTail>,
     pub bytes_scanned: u64,
     pub records_scanned: u64,
-    /// Segments the scan read (open syncs them before serving what it found).
-    pub scanned: Vec<u32>,
 }
 
 /// Opens every segment in `journal_dir` and checks its header. A header that cannot be read
@@ -290,7 +288,6 @@ pub fn scan(
     let mut expected = start_lsn;
     let mut bytes_scanned = 0u64;
     let mut records_scanned = 0u64;
-    let mut scanned = Vec::new();
     let mut numbers: Vec<u32> = segments.keys().chain(damaged.keys()).copied().collect();
     numbers.sort_unstable();
     let last_live = segments.keys().next_back().copied();
@@ -363,7 +360,6 @@ pub fn scan(
             continue;
         }
         let segment = segments[&number].clone();
-        scanned.push(number);
         if ranges.open.is_none() {
             last_end = loc(
                 number,
@@ -545,6 +541,5 @@ pub fn scan(
         torn_tail,
         bytes_scanned,
         records_scanned,
-        scanned,
     })
 }
