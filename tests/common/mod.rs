@@ -10,6 +10,8 @@ pub mod check;
 pub mod crash;
 pub mod disk;
 pub mod engine;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod layout;
 pub mod logs;
 pub mod rng;
