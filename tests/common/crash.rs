@@ -81,7 +81,16 @@ pub fn write_batches(
     }
 }
 
-/// Checks one crash image left by a power cut, and returns the newest batch it holds. The
+/// What recovery made of one crash image.
+#[derive(Clone, Copy, Debug)]
+pub struct Recovered {
+    /// The newest batch the image holds.
+    pub newest: u64,
+    /// Whether open truncated a torn tail.
+    pub torn_tail: bool,
+}
+
+/// Checks one crash image left by a power cut, and says what recovery made of it. The
 /// store that checks always syncs correctly (a negative control switches syncs off only in the
 /// workload that wrote the image):
 /// - open succeeds and reports no damage (a power cut alone damages nothing that was synced, so
@@ -96,7 +105,7 @@ pub fn check_power_cut(
     acked: u64,
     attempted: u64,
     seed: u64,
-) -> Result<u64, String> {
+) -> Result<Recovered, String> {
     let store = builder(image, None)
         .open()
         .map_err(|e| format!("open failed: {e}"))?;
@@ -120,7 +129,10 @@ pub fn check_power_cut(
         .map_err(|e| format!("open after a power cut after recovery: {e}"))?;
     check_store(model, &again, m + 2, m + 2)
         .map_err(|e| format!("power cut after a clean close after recovery: {e}"))?;
-    Ok(m)
+    Ok(Recovered {
+        newest: m,
+        torn_tail: report.torn_tail.is_some(),
+    })
 }
 
 /// The seed of crash image `s` at operation `op`: distinct per point, fixed by `base`.

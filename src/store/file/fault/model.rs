@@ -184,7 +184,7 @@ impl FileData {
                     if !rng.one_in(2) {
                         continue;
                     }
-                    if rng.one_in(8) {
+                    if rng.one_in(4) {
                         piece.apply_torn(&mut bytes, rng);
                     } else {
                         piece.apply(&mut bytes);

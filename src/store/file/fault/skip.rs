@@ -30,8 +30,6 @@ pub enum SkipSync {
     /// `fdatasync` of files this store did not write itself: what open found left by a crashed
     /// process, which open must make durable before serving it.
     ScannedTail,
-    /// `fdatasync` of heads snapshots and the manifest before they are renamed into place.
-    SmallFiles,
 }
 
 /// A [`Vfs`] that skips the chosen syncs of the store in `dir`.
@@ -88,10 +86,8 @@ impl VfsFile for SkippingFile {
         let written = *self.written.lock();
         let skipped = if !written {
             self.skip.contains(&SkipSync::ScannedTail)
-        } else if self.journal {
-            self.skip.contains(&SkipSync::JournalData)
         } else {
-            self.skip.contains(&SkipSync::SmallFiles)
+            self.journal && self.skip.contains(&SkipSync::JournalData)
         };
         if skipped {
             return Ok(());
