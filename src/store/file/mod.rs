@@ -82,6 +82,9 @@ struct HeadsSnapshot {
     next_lsn: u64,
     heads: Vec<(Vec<u8>, u64)>,
     damage: Damage,
+    /// The garbage estimate at that position, so compaction still starts by itself in a
+    /// process that restarts often (a restart used to reset it to zero).
+    garbage_bytes: u64,
 }
 
 /// A heads snapshot as format version 1 wrote it.
@@ -113,6 +116,7 @@ fn decode_snapshot(env: &container::Envelope) -> Result<HeadsSnapshot> {
             next_lsn: s.next_lsn,
             heads: s.heads,
             damage: Damage::default(),
+            garbage_bytes: 0,
         });
     }
     env.decode()
@@ -321,6 +325,7 @@ struct Inner {
     compactions: AtomicU64,
     /// Estimated bytes of journal no longer reachable from any index.
     garbage_bytes: AtomicU64,
+    background: compaction::Background,
     /// Dropping the sender stops the periodic sync thread.
     syncer: Mutex<Option<crossbeam::channel::Sender<()>>>,
 }
@@ -444,6 +449,9 @@ impl FileStore {
         let mut snapshot_name = None;
         let mut start = None;
         let mut heads = HashMap::new();
+        // Garbage made after the snapshot (at most `snapshot_every_bytes` of journal, unless the
+        // process crashed) and before a full-scan rebuild is not counted.
+        let mut garbage = 0;
         if let Some(m) = &manifest {
             damage.merge(m.damage.clone());
         }
@@ -455,6 +463,7 @@ impl FileStore {
                 Ok(Some((snap, bytes))) => {
                     report.snapshot_bytes = bytes;
                     start = Some((snap.segment, snap.offset, snap.next_lsn));
+                    garbage = snap.garbage_bytes;
                     heads = snap
                         .heads
                         .into_iter()
@@ -546,7 +555,8 @@ impl FileStore {
             batches: AtomicU64::new(0),
             loaded: AtomicU64::new(0),
             compactions: AtomicU64::new(0),
-            garbage_bytes: AtomicU64::new(0),
+            garbage_bytes: AtomicU64::new(garbage),
+            background: compaction::Background::default(),
             syncer: Mutex::new(syncer),
         });
         if needs_snapshot {
@@ -597,6 +607,18 @@ impl FileStore {
     pub fn compact(&self) -> Result<CompactionReport> {
         self.inner.check_open()?;
         compaction::compact(&self.inner)
+    }
+
+    /// Test hook: compactions started by themselves (garbage outweighing live data) since open.
+    #[cfg(feature = "test-hooks")]
+    pub fn background_compactions(&self) -> u64 {
+        self.inner.background.started()
+    }
+
+    /// Test hook: waits until every compaction started by itself so far has finished.
+    #[cfg(feature = "test-hooks")]
+    pub fn wait_for_background_compactions(&self) {
+        self.inner.background.wait_idle()
     }
 }
 
@@ -835,14 +857,16 @@ impl Inner {
             // Nothing was appended since the snapshot on disk: it is still exact.
             return Ok(());
         }
-        let (segment, offset, next_lsn, heads) = self.journal.with_appends_paused(|| {
-            let table = self.table.read();
-            table
-                .heads()
-                .filter(|&(_, head)| head != 0)
-                .map(|(name, head)| (name.to_vec(), head))
-                .collect::<Vec<_>>()
-        });
+        let (segment, offset, next_lsn, (heads, garbage_bytes)) =
+            self.journal.with_appends_paused(|| {
+                let table = self.table.read();
+                let heads = table
+                    .heads()
+                    .filter(|&(_, head)| head != 0)
+                    .map(|(name, head)| (name.to_vec(), head))
+                    .collect::<Vec<_>>();
+                (heads, self.garbage_bytes.load(Ordering::Relaxed))
+            });
         // Every head must point at a durable record before the snapshot names it.
         self.journal.sync_all()?;
         let snapshot = HeadsSnapshot {
@@ -851,6 +875,7 @@ impl Inner {
             next_lsn,
             heads,
             damage: damage.clone(),
+            garbage_bytes,
         };
         let name = format!("heads-{next_lsn:020}.snap");
         let vfs = &*self.config.vfs;
@@ -1176,6 +1201,7 @@ impl Store for FileStore {
             partitions_loaded: inner.loaded.load(Ordering::Relaxed),
             segments: inner.journal.live_segments().len() as u64,
             compactions: inner.compactions.load(Ordering::Relaxed),
+            garbage_bytes: inner.garbage_bytes.load(Ordering::Relaxed),
         }
     }
 
