@@ -38,6 +38,9 @@ pub fn builder(fs: &FaultFs, skip: Option<SkipSync>) -> FileStoreBuilder {
 pub struct Timeline {
     started: Vec<(u64, u64)>,
     acked: Vec<(u64, u64)>,
+    /// `Committed` does not mean durable (a weaker sync policy): only [`Timeline::flushed`]
+    /// acknowledges.
+    weak: bool,
 }
 
 impl Timeline {
@@ -46,8 +49,23 @@ impl Timeline {
         self.started.push((n, fs.ops()));
     }
 
-    /// Batch `n` was acknowledged as committed.
+    /// A timeline for a sync policy under which `Committed` is not a promise of durability.
+    pub fn weak() -> Self {
+        Timeline {
+            weak: true,
+            ..Timeline::default()
+        }
+    }
+
+    /// Batch `n` was acknowledged as committed (durable, unless the timeline is weak).
     pub fn ack(&mut self, n: u64, fs: &FaultFs) {
+        if !self.weak {
+            self.acked.push((n, fs.ops()));
+        }
+    }
+
+    /// Every batch up to `n` was made durable (a flush, snapshot, compaction or close returned).
+    pub fn flushed(&mut self, n: u64, fs: &FaultFs) {
         self.acked.push((n, fs.ops()));
     }
 
@@ -70,14 +88,14 @@ pub fn write_batches(
     fs: &FaultFs,
     timeline: &mut Timeline,
     range: std::ops::RangeInclusive<u64>,
-    mut after: impl FnMut(u64),
+    mut after: impl FnMut(u64, &mut Timeline),
 ) {
     for n in range {
         timeline.start(n, fs);
         let outcome = store.apply(&partition_of(n), &batch(n));
         assert_eq!(outcome.ok(), Some(Outcome::Committed), "batch {n}");
         timeline.ack(n, fs);
-        after(n);
+        after(n, timeline);
     }
 }
 
