@@ -174,7 +174,12 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
         });
 
     // Everything copied must be durable, and the snapshot must point past it, before any
-    // victim disappears.
+    // victim disappears. The manifest written with it records which segments go, so a rebuild
+    // can tell these gaps from a loss (SPEC S4).
+    inner
+        .damage
+        .lock()
+        .retire(victims.iter().copied().filter(|n| !keep.contains(n)));
     inner.journal.sync_all()?;
     inner.write_snapshot()?;
 

@@ -477,7 +477,7 @@ impl Journal {
             .ok_or_else(|| {
                 Error::corrupt(
                     format!("journal segment {number}"),
-                    "the segment file is missing",
+                    "the segment file is missing, or its header is damaged",
                 )
             })
     }
@@ -492,18 +492,31 @@ impl Journal {
     }
 
     /// Reads a value and verifies its checksum.
+    /// Damage answers `Corrupt` naming the segment and the partition, never a retryable `Io`
+    /// (SPEC S4): a value past the end of a truncated segment, in a missing segment or one
+    /// whose header is damaged, or failing its checksum.
     pub fn read_value(&self, v: &ValueLoc, partition: &dyn std::fmt::Display) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; v.len as usize];
-        self.read_at(v.at, &mut buf)?;
-        if crc32c::crc32c(&buf) != v.crc {
-            return Err(Error::corrupt(
+        let damaged = |detail: &str| {
+            Error::corrupt(
                 format!("partition {partition}"),
                 format!(
-                    "value at segment {} offset {} failed its checksum",
+                    "value at journal segment {} offset {}: {detail}",
                     loc_segment(v.at),
                     loc_offset(v.at)
                 ),
-            ));
+            )
+        };
+        let mut buf = vec![0u8; v.len as usize];
+        match self.read_at(v.at, &mut buf) {
+            Ok(()) => {}
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(damaged("the segment ends before it (truncated)"));
+            }
+            Err(Error::Corrupt { detail, .. }) => return Err(damaged(&detail)),
+            Err(e) => return Err(e),
+        }
+        if crc32c::crc32c(&buf) != v.crc {
+            return Err(damaged("failed its checksum"));
         }
         Ok(buf)
     }
