@@ -487,3 +487,88 @@ fn a_truncated_segment_answers_corrupt_naming_segment_and_partition() {
         "{msg}"
     );
 }
+
+/// Item 8 of issue 8, the newest segment: the segment the heads snapshot points into is lost
+/// with everything after it; the journal must not simply end earlier and roll back.
+#[test]
+fn a_lost_newest_segment_past_the_snapshot_is_refused_not_rolled_back() {
+    let s = scene(false, false);
+    // A snapshot positioned in the newest segment, then more writes into it.
+    let store = builder(&s.fs).open().unwrap();
+    store.write_heads_snapshot().unwrap();
+    let mut tally = s.tally;
+    tally.put(&store, "late", 10);
+    tally.put(&store, "p1", 10);
+    let fs = s.fs.crash_process();
+    drop(store);
+    let newest = segments(&fs).pop().unwrap();
+    fs.remove(&newest).unwrap();
+
+    let store = builder(&fs).open().unwrap();
+    assert!(!store.open_report().damaged.is_empty(), "reported");
+    let refused = tally.refused(&store);
+    for name in ["p1", "late"] {
+        assert!(refused.contains(&name.to_owned()), "{name}: {refused:?}");
+    }
+    assert_refused(&store, "never-seen");
+}
+
+/// Item 8 of issue 8, a rebuild: with the snapshot lost, a gap compaction did not record is a
+/// loss (refused), while the gaps it recorded are accepted (`file_store`'s
+/// `rebuild_after_compaction_accepts_lsn_gaps_and_reports_damage`).
+#[test]
+fn a_rebuild_treats_a_gap_compaction_did_not_record_as_a_loss() {
+    let s = scene(false, true);
+    for snap in snapshot_files(&s.fs) {
+        s.fs.remove(&snap).unwrap();
+    }
+    s.fs.remove(&s.final_segment).unwrap();
+    let store = builder(&s.fs).open().unwrap();
+    assert!(store.open_report().rebuilt_by_full_scan);
+    let refused = s.tally.refused(&store);
+    for (name, _) in &s.final_records {
+        assert!(refused.contains(name), "{name}: {refused:?}");
+    }
+    assert!(!refused.contains(&"late".to_owned()));
+}
+
+/// Format version 1 (no preamble checksum) is still read (SPEC S10): segment headers and
+/// whole-file envelopes of version 1 open, and the data is intact.
+#[test]
+fn a_version_1_store_is_still_read() {
+    let fs = written(true);
+    for seg in segments(&fs) {
+        damage(&fs, &seg, |b| {
+            // Version 1 header: magic | 1 | number | salt | crc of bytes 0..24 | padding.
+            let number: [u8; 4] = b[16..20].try_into().unwrap();
+            let salt: [u8; 8] = b[20..28].try_into().unwrap();
+            b[8..12].copy_from_slice(&1u32.to_le_bytes());
+            b[12..16].copy_from_slice(&number);
+            b[16..24].copy_from_slice(&salt);
+            let crc = crc32c::crc32c(&b[0..24]);
+            b[24..28].copy_from_slice(&crc.to_le_bytes());
+            b[28..32].fill(0);
+        });
+    }
+    for snap in snapshot_files(&fs) {
+        fs.remove(&snap).unwrap();
+    }
+    // A version 1 manifest naming no snapshot: magic | 1 | body length | crc | body (None).
+    let body = [0u8];
+    let mut manifest = b"PCLSMANI".to_vec();
+    manifest.extend_from_slice(&1u32.to_le_bytes());
+    manifest.extend_from_slice(&1u32.to_le_bytes());
+    manifest.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    manifest.extend_from_slice(&body);
+    fs.write_file(&Path::new(DIR).join("MANIFEST"), manifest)
+        .unwrap();
+
+    let store = builder(&fs).open().unwrap();
+    let report = store.open_report().clone();
+    assert!(report.damaged.is_empty(), "{report:?}");
+    let mut model = Model::default();
+    assert_eq!(
+        check_store(&mut model, &store, BATCHES, BATCHES),
+        Ok(BATCHES)
+    );
+}

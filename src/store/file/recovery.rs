@@ -507,6 +507,19 @@ pub fn scan(
         }
         end_of_tail = base + at as u64;
     }
+    // The segment the heads snapshot points into, and everything after it, is gone.
+    if start.is_some() && numbers.last().is_none_or(|&n| n < start_segment) {
+        let cause =
+            format!("segment {start_segment}, which the heads snapshot points into, is missing");
+        log::error!("journal: {cause}");
+        records.push(DamagedRecord {
+            segment: start_segment,
+            offset: start_offset,
+            partition: None,
+            detail: cause.clone(),
+        });
+        ranges.open(last_end, expected, cause);
+    }
     let open_at_end = ranges.open.is_some();
     ranges.close(None, |end| ends_at(end, None));
     // Every partition not judged against every unattributed range may have lost records there.
