@@ -492,12 +492,17 @@ impl FileStore {
             heads,
             &damage,
         )?;
+        #[cfg(feature = "fault-injection")]
+        let skip_tail = config.skip_syncs.contains(&SkipSync::ScannedTail);
+        #[cfg(not(feature = "fault-injection"))]
+        let skip_tail = false;
         durability::sync_what_open_found(
             &*vfs,
             &dir,
             &journal_dir,
             &outcome.tail,
-            start.map(|s| s.0),
+            start.map(|(s, o, _)| (s, o)),
+            skip_tail,
         )?;
         report.journal_bytes_scanned = outcome.bytes_scanned;
         report.records_scanned = outcome.records_scanned;
