@@ -572,3 +572,20 @@ fn a_version_1_store_is_still_read() {
         Ok(BATCHES)
     );
 }
+
+/// Item 10 of issue 8, the other side: a transient I/O error while a load reads a record is
+/// `Io`, not damage; it is neither remembered nor persisted, and the next read succeeds.
+#[test]
+fn a_transient_read_error_during_a_load_is_not_damage() {
+    let fs = written(true);
+    let store = builder(&fs).open().unwrap();
+    let p = Partition::new(PARTITIONS[0]).unwrap();
+    fs.fail_at(fs.ops() + 1, portcullis::store::FailMode::Once);
+    let err = store.get(&p, b"g").unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err:?}");
+    assert!(
+        store.get(&p, b"g").unwrap().is_some(),
+        "the next read works"
+    );
+    assert!(store.damage().is_empty(), "{:?}", store.damage());
+}

@@ -559,7 +559,7 @@ impl Journal {
                 segment
                     .file
                     .read_exact_at(&mut body[got..], loc_offset(at) + (FRAME_LEN + got) as u64)
-                    .map_err(|_| record_damage(at, "record body unreadable"))?;
+                    .map_err(|e| record_read_error(at, e, "the segment ends inside the record"))?;
                 if format::body_crc(&body) != frame.body_crc {
                     return Err(record_damage(at, "record body failed its checksum"));
                 }
@@ -575,7 +575,7 @@ impl Journal {
         let segment = self.segment(loc_segment(at))?;
         let mut buf = vec![0u8; SPECULATIVE_READ];
         let got = read_up_to(&*segment.file, &mut buf, loc_offset(at))
-            .map_err(|_| record_damage(at, "record unreadable"))?;
+            .map_err(|e| record_read_error(at, e, "record unreadable"))?;
         if got < FRAME_LEN {
             return Err(record_damage(at, "record header unreadable"));
         }
@@ -659,6 +659,24 @@ fn record_damage(at: Loc, detail: &str) -> Error {
         ),
         detail.to_owned(),
     )
+}
+
+/// A failed read of a record: a segment that ends too soon is damage (`Corrupt`, never a
+/// retryable `Io`: SPEC S4); any other I/O error stays `Io`, so a transient failure is not
+/// remembered as damage.
+fn record_read_error(at: Loc, e: std::io::Error, detail: &str) -> Error {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        record_damage(at, detail)
+    } else {
+        Error::io(
+            format!(
+                "reading journal segment {} offset {}",
+                loc_segment(at),
+                loc_offset(at)
+            ),
+            e,
+        )
+    }
 }
 
 /// Reads as much of `buf` as the file holds at `offset`; returns how many bytes were read.
