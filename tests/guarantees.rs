@@ -131,13 +131,16 @@ fn every_id_the_code_cites_resolves_to_a_section() {
 fn every_test_the_document_names_exists() {
     let doc = guarantees();
     let mut named = 0;
+    let mut missing = Vec::new();
     for chunk in doc.split('`').skip(1).step_by(2) {
         let Some((file, test)) = chunk.split_once(".rs::") else {
             continue;
         };
         let path = root().join(format!("{file}.rs"));
-        let source = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("docs/GUARANTEES.md names {chunk}: {e}"));
+        let Ok(source) = std::fs::read_to_string(&path) else {
+            missing.push(chunk.to_string());
+            continue;
+        };
         let defined = source.match_indices(&format!("fn {test}")).any(|(at, m)| {
             !source[at + m.len()..].starts_with(|c: char| c.is_alphanumeric() || c == '_')
         });
