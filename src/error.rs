@@ -112,6 +112,16 @@ pub enum Error {
     /// The entity is not registered.
     #[error("unknown entity {0}; register it first")]
     UnknownEntity(String),
+
+    /// This engine does not serve the entity's namespace (SPEC F11): it never adopted it, it
+    /// released it, or another owner holds it.
+    #[error("this engine does not serve namespace {namespace}: {detail}")]
+    NotServed {
+        /// The namespace.
+        namespace: String,
+        /// Why, and what to do.
+        detail: String,
+    },
 }
 
 impl Error {
@@ -130,6 +140,7 @@ impl Error {
             Error::Unavailable { .. } => 10,
             Error::Contained { .. } => 11,
             Error::UnknownEntity(_) => 12,
+            Error::NotServed { .. } => 13,
         }
     }
 
@@ -188,6 +199,10 @@ mod tests {
                 reason: "r".into(),
             },
             Error::UnknownEntity("e".into()),
+            Error::NotServed {
+                namespace: "n".into(),
+                detail: "d".into(),
+            },
         ];
         let mut codes: Vec<u32> = all.iter().map(Error::code).collect();
         codes.sort_unstable();

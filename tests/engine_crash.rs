@@ -104,7 +104,7 @@ fn engine_child_process() {
                 .map(|_| ())
         } else {
             engine
-                .append(&entity(i), 0, vec![record.clone().into_bytes()])
+                .append(&entity(i), vec![record.clone().into_bytes()])
                 .map(|_| ())
         };
         match result {

@@ -127,6 +127,12 @@ pub struct TestStore {
     pub fail_reads_of: Mutex<Option<Partition>>,
     pub fail_writes_of: Mutex<Option<Partition>>,
     pub entity_reads: AtomicU64,
+    /// Every call of any kind (reads, batches, listings).
+    pub calls: AtomicU64,
+    /// When set, listing partitions fails (an I/O error).
+    pub fail_lists: AtomicBool,
+    /// When set, every batch on an entity partition is recorded here.
+    pub entity_batches: Mutex<Option<Vec<(Partition, Batch)>>>,
 }
 
 impl TestStore {
@@ -136,10 +142,32 @@ impl TestStore {
             fail_reads_of: Mutex::new(None),
             fail_writes_of: Mutex::new(None),
             entity_reads: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            fail_lists: AtomicBool::new(false),
+            entity_batches: Mutex::new(None),
         })
     }
 
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Starts recording batches on entity partitions.
+    pub fn record_entity_batches(&self) {
+        *self.entity_batches.lock() = Some(Vec::new());
+    }
+
+    /// The recorded batches (recording continues).
+    pub fn take_entity_batches(&self) -> Vec<(Partition, Batch)> {
+        self.entity_batches
+            .lock()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
     fn read(&self, p: &Partition) -> portcullis::Result<()> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         if p.as_bytes().starts_with(b"e/") {
             self.entity_reads.fetch_add(1, Ordering::SeqCst);
         }
@@ -173,6 +201,12 @@ impl Store for TestStore {
         self.inner.scan(p, range, cursor, limit)
     }
     fn apply(&self, p: &Partition, batch: &Batch) -> portcullis::Result<Outcome> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if p.as_bytes().starts_with(b"e/")
+            && let Some(recorded) = self.entity_batches.lock().as_mut()
+        {
+            recorded.push((p.clone(), batch.clone()));
+        }
         if self.fail_writes_of.lock().as_ref() == Some(p) {
             return Err(portcullis::Error::Io {
                 context: format!("writing {p}"),
@@ -182,9 +216,17 @@ impl Store for TestStore {
         self.inner.apply(p, batch)
     }
     fn list_partitions(&self, prefix: &[u8]) -> portcullis::Result<Vec<Partition>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.fail_lists.load(Ordering::SeqCst) {
+            return Err(portcullis::Error::Io {
+                context: "listing partitions".into(),
+                source: std::io::Error::other("injected listing failure"),
+            });
+        }
         self.inner.list_partitions(prefix)
     }
     fn contains_partition(&self, p: &Partition) -> portcullis::Result<bool> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.contains_partition(p)
     }
     fn now_ms(&self) -> u64 {
@@ -218,4 +260,26 @@ pub fn entity(i: usize) -> EntityId {
 /// The records an entity folded, without sequence numbers.
 pub fn payloads(engine: &TestEngine, e: &EntityId) -> portcullis::Result<Vec<Vec<u8>>> {
     engine.read(e, |s| s.records.iter().map(|(_, r)| r.clone()).collect())
+}
+
+/// Runs revocation slices until `Complete` (bounded).
+pub fn revoke_to_complete(engine: &TestEngine, ns: &portcullis::Namespace) {
+    use portcullis::fence::{RevokeBudget, RevokeProgress};
+    for _ in 0..100 {
+        if engine.revoke_step(ns, RevokeBudget::default()).unwrap() == RevokeProgress::Complete {
+            return;
+        }
+    }
+    panic!("revocation of {ns} did not complete in 100 slices");
+}
+
+/// An engine with its own owner id over `store`, adopting namespaces only when told.
+pub fn owner_builder(
+    machine: &Arc<TestMachine>,
+    store: &Arc<TestStore>,
+    owner: &str,
+) -> EngineBuilder<Arc<TestMachine>> {
+    builder(machine, store)
+        .owner(owner)
+        .adopt_on_first_use(false)
 }
