@@ -32,7 +32,9 @@ use parking_lot::Mutex;
 use portcullis::EntityId;
 use portcullis::engine::Engine;
 use portcullis::log::{self, Guarded, HeadSnapshot};
-use portcullis::restore::{self, Metrics, Rejection, StateMachine, UnitReport};
+use portcullis::restore::{
+    self, ApplyContext, Metrics, Origin, Rejection, StateMachine, UnitReport,
+};
 use portcullis::store::{Batch, FileStore, Store};
 
 /// Folds records into a count and a cheap running mix of their bytes.
@@ -45,7 +47,12 @@ impl StateMachine for Mix {
         [0, 0]
     }
 
-    fn apply(&self, state: &mut [u64; 2], _seq: u64, record: &[u8]) -> Result<(), Rejection> {
+    fn apply(
+        &self,
+        state: &mut [u64; 2],
+        _: &ApplyContext<'_>,
+        record: &[u8],
+    ) -> Result<(), Rejection> {
         let mut word = [0u8; 8];
         let n = record.len().min(8);
         word[..n].copy_from_slice(&record[..n]);
@@ -231,7 +238,8 @@ fn build_deep(records: u64, record_len: usize) -> Deep {
         let mut record = template.clone();
         record[..8].copy_from_slice(&seq.to_le_bytes());
         loader.append(0, std::slice::from_ref(&record));
-        Mix.apply(&mut state, seq, &record).expect("apply");
+        let ctx = ApplyContext::new(&checkpointed, seq, Origin::Live);
+        Mix.apply(&mut state, &ctx, &record).expect("apply");
         loader.append(1, &[record]);
     }
     loader.append(2, &[template]);

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use portcullis::engine::Engine;
 use portcullis::fence::{RevokeBudget, RevokeProgress};
-use portcullis::restore::{Metrics, UnitReport};
+use portcullis::restore::{ApplyContext, Metrics, UnitReport};
 use portcullis::store::{Batch, FileStore, OpenReport, Outcome, Store, SyncPolicy};
 use portcullis::{EntityId, Error, Rejection, Result, StateMachine};
 use serde::{Deserialize, Serialize};
@@ -139,7 +139,7 @@ impl StateMachine for ChatRooms {
         Room::default()
     }
 
-    fn apply(&self, room: &mut Room, _seq: u64, record: &[u8]) -> Refusable<()> {
+    fn apply(&self, room: &mut Room, _: &ApplyContext<'_>, record: &[u8]) -> Refusable<()> {
         match Record::parse(record)? {
             Record::Message => room.messages += 1,
             Record::Repair(incarnation) => room.repairs.push(incarnation),

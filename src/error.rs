@@ -113,6 +113,21 @@ pub enum Error {
     #[error("unknown entity {0}; register it first")]
     UnknownEntity(String),
 
+    /// The call was refused because waiting for it would never end (SPEC R11): application
+    /// code called back into the engine for an entity this thread already holds (from a
+    /// `read`/`write`/`fold_all` closure, from `apply` during a write, or from inside the
+    /// entity's own restore unit), or restore units of different entities touched each other
+    /// in a cycle, or `close` was called from inside an engine call. Nothing was changed.
+    #[error(
+        "refused to touch {entity}: {detail}; it would deadlock, so make the call outside the closure, hook or restore unit (see docs/restore.md, locking rules)"
+    )]
+    WouldDeadlock {
+        /// The entity whose touch was refused (empty for `close`).
+        entity: String,
+        /// Which rule the call broke.
+        detail: String,
+    },
+
     /// This engine does not serve the entity's namespace (SPEC F11): it never adopted it, it
     /// released it, or another owner holds it.
     #[error("this engine does not serve namespace {namespace}: {detail}")]
@@ -140,7 +155,8 @@ impl Error {
             Error::Unavailable { .. } => 10,
             Error::Contained { .. } => 11,
             Error::UnknownEntity(_) => 12,
-            Error::NotServed { .. } => 13,
+            Error::WouldDeadlock { .. } => 13,
+            Error::NotServed { .. } => 14,
         }
     }
 
@@ -199,6 +215,10 @@ mod tests {
                 reason: "r".into(),
             },
             Error::UnknownEntity("e".into()),
+            Error::WouldDeadlock {
+                entity: "e".into(),
+                detail: "d".into(),
+            },
             Error::NotServed {
                 namespace: "n".into(),
                 detail: "d".into(),

@@ -25,12 +25,13 @@ pub mod fence;
 pub mod log;
 pub mod restore;
 pub mod store;
+pub mod typed;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use engine::{Engine, EngineBuilder};
 pub use entity::{EntityId, Namespace};
 pub use error::{Error, Result};
-pub use restore::{Rejection, StateMachine};
+pub use restore::{ApplyContext, Origin, Rejection, StateMachine};
 
 /// The README's usage example, compiled and run as a doctest.
 #[doc = include_str!("../README.md")]

@@ -108,7 +108,7 @@ fn f11_repair_records_are_fenced() {
         let engine = builder(&machine, &store).open().unwrap();
         engine.register(&e).unwrap();
         engine.append(&e, recs(&["a"])).unwrap();
-        drop(engine); // a crash: no clean close, the namespace is never released
+        common::engine::crash(engine); // no clean close: the namespace is never released
     }
     let engine = builder(&machine, &store).open().unwrap();
     fenced_during(&store, "repair", || {
@@ -306,7 +306,7 @@ fn f11_an_engine_that_does_not_adopt_on_first_use_serves_only_what_it_owns() {
     let engine = owner_builder(&machine, &store, "a").open().unwrap();
     let err = engine.register(&entity(1)).unwrap_err();
     assert!(matches!(err, Error::NotServed { .. }), "{err}");
-    assert_eq!(err.code(), 13);
+    assert_eq!(err.code(), 14);
     let engine2 = owner_builder(&machine, &store, "b")
         .own(ns.clone())
         .open()
@@ -370,18 +370,18 @@ fn f11_two_engines_over_one_store_see_no_false_crash_and_close_independently() {
 }
 
 #[test]
-fn f11_one_owner_id_has_one_open_engine_per_store() {
+fn f11_owner_ids_have_their_own_incarnations() {
     let store = TestStore::new();
     let machine = Arc::new(TestMachine::default());
-    let first = builder(&machine, &store).owner("a").open().unwrap();
-    let err = builder(&machine, &store).owner("a").open().err().unwrap();
-    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
-    first.close().unwrap();
-    // Closed: the id is free again, and the previous incarnation ended cleanly.
+    let a = builder(&machine, &store).owner("a").open().unwrap();
+    let b = builder(&machine, &store).owner("b").open().unwrap();
+    assert_eq!((a.incarnation(), b.incarnation()), (1, 1));
+    a.close().unwrap();
     let again = builder(&machine, &store).owner("a").open().unwrap();
-    assert_eq!(again.incarnation(), 2);
-    assert_eq!(again.unclean_previous(), None);
-    assert!(builder(&machine, &store).owner("Not Valid").open().is_err());
+    assert_eq!((again.incarnation(), again.unclean_previous()), (2, None));
+    assert_eq!(b.owner(), "b");
+    let bad = builder(&machine, &store).owner("Not Valid").open();
+    assert!(matches!(bad.err(), Some(Error::InvalidArgument(_))));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -396,8 +396,7 @@ fn e4_a_clock_other_than_the_stores_is_refused() {
         .store(Arc::clone(&store))
         .clock(Arc::new(ManualClock::new(1_000)))
         .open()
-        .err()
-        .expect("a mismatched clock must be refused");
+        .expect_err("a mismatched clock must be refused");
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     assert!(err.to_string().contains("one clock"), "{err}");
     // The same clock for both is accepted, and the engine (and fence) follow it.

@@ -6,11 +6,11 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use common::engine::{TestMachine, TestStore, builder, entity, payloads};
+use common::engine::{TestMachine, TestStore, builder, crash, entity, payloads};
 use parking_lot::Mutex;
 use portcullis::engine::Deferred;
 use portcullis::log::{self, Checkpoint, keys};
-use portcullis::restore::{Metrics, ReasonKind, UnitReport};
+use portcullis::restore::{Metrics, Origin, ReasonKind, UnitReport};
 use portcullis::store::{Batch, Store};
 use portcullis::{EntityId, Error};
 
@@ -192,7 +192,7 @@ fn r8_deferred_work_is_durable_when_accepted_and_applied_in_arrival_order() {
         );
         assert_eq!(engine.stats().units_run, 0);
         // Crash: no clean close. The deferred rows are already durable.
-        drop(engine);
+        crash(engine);
     }
     {
         let engine = builder(&machine, &store).open().unwrap();
@@ -234,7 +234,7 @@ fn r3_repair_runs_exactly_once_per_entity_and_unclean_incarnation() {
         engine.register(&a).unwrap();
         engine.register(&b).unwrap();
         engine.append(&a, recs(&["x"])).unwrap();
-        drop(engine); // crash
+        crash(engine); // crash
     }
     assert!(
         machine.repairs.lock().is_empty(),
@@ -255,7 +255,7 @@ fn r3_repair_runs_exactly_once_per_entity_and_unclean_incarnation() {
         // Released, b's unit runs again and the repair with it; a's never reruns.
         assert!(engine.release(&b).unwrap());
         assert_eq!(payloads(&engine, &b).unwrap(), recs(&["repaired"]));
-        drop(engine); // crash again, after both repairs committed
+        crash(engine); // crash again, after both repairs committed
     }
     let repairs: Vec<(EntityId, u64)> = machine.repairs.lock().drain(..).collect();
     assert_eq!(
@@ -297,11 +297,11 @@ fn r3_repair_already_committed_is_not_rerun_when_the_unit_reruns() {
     let machine = Arc::new(TestMachine::default());
     *machine.repair_records.lock() = recs(&["fix"]);
     let e = entity(1);
-    drop({
+    crash({
         let engine = builder(&machine, &store).open().unwrap();
         engine.register(&e).unwrap();
         engine
-    }); // crash
+    });
     let engine = builder(&machine, &store).open().unwrap();
     machine.panic_in_encode.store(true, Ordering::SeqCst);
     let err = engine.read(&e, |_| ()).unwrap_err();
@@ -420,7 +420,7 @@ fn r3_an_owed_repair_survives_a_clean_close_that_restored_nothing() {
         engine.register(&a).unwrap();
         engine.register(&b).unwrap();
         engine.append(&a, recs(&["one"])).unwrap();
-        drop(engine); // crash
+        crash(engine); // crash
     }
     {
         // Incarnation 2 repairs only b, then closes cleanly.
@@ -453,4 +453,62 @@ fn r3_an_owed_repair_survives_a_clean_close_that_restored_nothing() {
     );
     let repairs: Vec<(EntityId, u64)> = machine.repairs.lock().clone();
     assert_eq!(repairs, vec![(b.clone(), 1), (a.clone(), 1)]);
+}
+
+/// R3, R8: `apply` learns where a record comes from, so an application can suppress side
+/// effects while history is only replayed.
+#[test]
+fn r3_apply_learns_whether_a_record_is_replayed_deferred_repaired_or_live() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    *machine.repair_records.lock() = recs(&["fix"]);
+    let e = entity(1);
+    let origins = |machine: &TestMachine| -> Vec<(u64, Origin)> {
+        let mut applied = machine.applied.lock();
+        let seen = applied
+            .iter()
+            .filter(|(x, _, _)| *x == e)
+            .map(|(_, seq, origin)| (*seq, *origin))
+            .collect();
+        applied.clear();
+        seen
+    };
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        engine.register(&e).unwrap();
+        engine.append(&e, recs(&["one"])).unwrap();
+        crash(engine);
+    }
+    assert_eq!(origins(&machine), vec![(1, Origin::Live)]);
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        assert_eq!(
+            engine.defer(&e, b"later".to_vec()).unwrap(),
+            Deferred::Queued
+        );
+        assert_eq!(
+            payloads(&engine, &e).unwrap(),
+            recs(&["one", "later", "fix"])
+        );
+        assert_eq!(
+            origins(&machine),
+            vec![
+                (1, Origin::Replay),
+                (2, Origin::Deferred),
+                (3, Origin::Repair)
+            ]
+        );
+        assert_eq!(
+            engine.defer(&e, b"now".to_vec()).unwrap(),
+            Deferred::Applied { seq: 4 }
+        );
+        assert_eq!(origins(&machine), vec![(4, Origin::Live)]);
+        engine.close().unwrap();
+    }
+    let engine = builder(&machine, &store).open().unwrap();
+    assert_eq!(payloads(&engine, &e).unwrap().len(), 4);
+    assert!(
+        origins(&machine).iter().all(|(_, o)| o.is_replay()),
+        "a reopened entity only replays"
+    );
 }

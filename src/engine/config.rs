@@ -10,14 +10,14 @@ use crate::entity::Namespace;
 use crate::error::{Error, Result};
 use crate::fence::FenceConfig;
 use crate::restore::{Metrics, StateMachine};
-use crate::store::{FileStore, Store};
+use crate::store::{FileStore, FileStoreBuilder, Store, SyncPolicy};
 
 /// Configures and opens an [`Engine`].
 ///
 /// ```
 /// use std::sync::Arc;
 /// use portcullis::engine::Engine;
-/// use portcullis::restore::{Rejection, StateMachine};
+/// use portcullis::restore::{ApplyContext, Rejection, StateMachine};
 /// use portcullis::store::MemoryStore;
 /// use portcullis::EntityId;
 ///
@@ -25,7 +25,10 @@ use crate::store::{FileStore, Store};
 /// impl StateMachine for Count {
 ///     type State = u64;
 ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-///     fn apply(&self, s: &mut u64, _: u64, _: &[u8]) -> Result<(), Rejection> { *s += 1; Ok(()) }
+///     fn apply(&self, s: &mut u64, _: &ApplyContext<'_>, _: &[u8]) -> Result<(), Rejection> {
+///         *s += 1;
+///         Ok(())
+///     }
 ///     fn encode_checkpoint(&self, s: &u64) -> Vec<u8> { s.to_le_bytes().to_vec() }
 ///     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<u64, Rejection> {
 ///         b.try_into().map(u64::from_le_bytes).map_err(|_| Rejection::new("bad checkpoint"))
@@ -58,6 +61,30 @@ pub struct EngineBuilder<M: StateMachine> {
     pub(crate) warm_on_open: bool,
     pub(crate) metrics: Option<Arc<dyn Metrics>>,
     pub(crate) fence: FenceConfig,
+    pub(crate) register_on_first_write: bool,
+    pub(crate) checkpoint_every: Option<u64>,
+    pub(crate) file_store: Vec<FileStoreOption>,
+}
+
+/// One change to the default file store's configuration, applied when the engine opens it.
+pub(crate) type FileStoreOption = Box<dyn FnOnce(FileStoreBuilder) -> FileStoreBuilder + Send>;
+
+impl<M: StateMachine> std::fmt::Debug for EngineBuilder<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineBuilder")
+            .field("store", &self.store.as_ref().map(|_| "given"))
+            .field("directory", &self.directory)
+            .field("pool_threads", &self.pool_threads)
+            .field("warm_parallelism", &self.warm_parallelism)
+            .field("checkpoint_tail_bound", &self.checkpoint_tail_bound)
+            .field("checkpoint_every", &self.checkpoint_every)
+            .field("truncate_after_checkpoint", &self.truncate_after_checkpoint)
+            .field("register_on_first_write", &self.register_on_first_write)
+            .field("warm_on_open", &self.warm_on_open)
+            .field("file_store_options", &self.file_store.len())
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<M: StateMachine> EngineBuilder<M> {
@@ -77,6 +104,9 @@ impl<M: StateMachine> EngineBuilder<M> {
             warm_on_open: false,
             metrics: None,
             fence: FenceConfig::default(),
+            register_on_first_write: false,
+            checkpoint_every: None,
+            file_store: Vec::new(),
         }
     }
 
@@ -88,9 +118,124 @@ impl<M: StateMachine> EngineBuilder<M> {
     }
 
     /// A store to open over instead of the default file-backed one (the in-memory store for
-    /// tests, or another backend).
+    /// tests, or another backend). The file store's own options
+    /// ([`sync_policy`](Self::sync_policy), [`file_store`](Self::file_store)) cannot be
+    /// combined with it: [`open`](Self::open) refuses the mix.
     pub fn store(mut self, store: Arc<dyn Store>) -> Self {
         self.store = Some(store);
+        self
+    }
+
+    /// How the default file store makes commits durable (SPEC S3). Default:
+    /// [`SyncPolicy::SyncEveryCommit`], where a write returns only once it is on stable
+    /// storage. The other policies say in their names what a crash may lose.
+    ///
+    /// ```
+    /// # use portcullis::typed::{Typed, TypedMachine};
+    /// # use portcullis::{Engine, EntityId, Rejection};
+    /// # struct Count;
+    /// # impl TypedMachine for Count {
+    /// #     type Record = (); type State = u64;
+    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// # }
+    /// use portcullis::store::SyncPolicy;
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let engine = Engine::builder(Typed(Count))
+    ///     .directory(dir.path())
+    ///     // A crash may lose up to 50 ms of acknowledged writes, never part of one.
+    ///     .sync_policy(SyncPolicy::PeriodicMayLoseRecent { interval_ms: 50 })
+    ///     .open()?;
+    /// engine.close()?;
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
+    pub fn sync_policy(self, policy: SyncPolicy) -> Self {
+        self.file_store(move |b| b.sync_policy(policy))
+    }
+
+    /// Any other option of the default file store (segment size, snapshots, compaction),
+    /// applied to its [`FileStoreBuilder`] when the engine opens it. The engine sets the
+    /// store's clock to its own ([`clock`](Self::clock)) after these. May be called more than
+    /// once; the changes apply in order.
+    ///
+    /// ```
+    /// # use portcullis::typed::{Typed, TypedMachine};
+    /// # use portcullis::{Engine, EntityId, Rejection};
+    /// # struct Count;
+    /// # impl TypedMachine for Count {
+    /// #     type Record = (); type State = u64;
+    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// # }
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let engine = Engine::builder(Typed(Count))
+    ///     .directory(dir.path())
+    ///     .file_store(|store| store.segment_bytes(8 << 20).auto_compact(false))
+    ///     .open()?;
+    /// engine.close()?;
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
+    pub fn file_store(
+        mut self,
+        configure: impl FnOnce(FileStoreBuilder) -> FileStoreBuilder + Send + 'static,
+    ) -> Self {
+        self.file_store.push(Box::new(configure));
+        self
+    }
+
+    /// Whether a write ([`Engine::write`], [`Engine::append`], [`Engine::defer`] and their
+    /// typed forms) to an entity that is not registered registers it first, instead of
+    /// answering [`Error::UnknownEntity`]. Default: false, so a misspelt id is an error rather
+    /// than a new entity. Reads never register.
+    ///
+    /// ```
+    /// # use portcullis::typed::{Typed, TypedMachine};
+    /// # use portcullis::{Engine, EntityId, Rejection};
+    /// # struct Count;
+    /// # impl TypedMachine for Count {
+    /// #     type Record = (); type State = u64;
+    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// # }
+    /// let engine = Engine::builder(Typed(Count))
+    ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
+    ///     .register_on_first_write(true)
+    ///     .open()?;
+    /// let new = EntityId::new("counters", "first")?;
+    /// engine.append_typed(&new, &[()])?; // no register call needed
+    /// assert_eq!(engine.read(&new, |n| *n)?, 1);
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
+    pub fn register_on_first_write(mut self, register: bool) -> Self {
+        self.register_on_first_write = register;
+        self
+    }
+
+    /// Publishes a checkpoint (SPEC L3) whenever a write leaves at least `records` records
+    /// after the entity's newest checkpoint, so a restart replays at most about that many.
+    /// Default: none (checkpoints only on [`Engine::checkpoint`] and when a restore folds more
+    /// than [`checkpoint_tail_bound`](Self::checkpoint_tail_bound)). At least 1.
+    ///
+    /// The checkpoint runs after the write has committed; if it fails, the write still
+    /// succeeds and the failure is logged (the next write owes the checkpoint again).
+    ///
+    /// ```
+    /// # use portcullis::typed::{Typed, TypedMachine};
+    /// # use portcullis::{Engine, EntityId, Rejection};
+    /// # struct Count;
+    /// # impl TypedMachine for Count {
+    /// #     type Record = (); type State = u64;
+    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// # }
+    /// let engine = Engine::builder(Typed(Count))
+    ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
+    ///     .checkpoint_every(100)
+    ///     .open()?;
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
+    pub fn checkpoint_every(mut self, records: u64) -> Self {
+        self.checkpoint_every = Some(records);
         self
     }
 
@@ -182,10 +327,19 @@ impl<M: StateMachine> EngineBuilder<M> {
 
     /// Opens the engine: records the new incarnation, adopts the namespaces given with
     /// [`own`](Self::own), and returns at once (SPEC R1).
-    pub fn open(self) -> Result<Engine<M>> {
+    pub fn open(mut self) -> Result<Engine<M>> {
         if self.pool_threads == 0 || self.warm_parallelism == 0 {
             return Err(Error::invalid(
                 "pool_threads and warm_parallelism must be at least 1",
+            ));
+        }
+        if self.checkpoint_every == Some(0) {
+            return Err(Error::invalid("checkpoint_every must be at least 1 record"));
+        }
+        if self.store.is_some() && !self.file_store.is_empty() {
+            return Err(Error::invalid(
+                "sync_policy and file_store configure the default file store, but a store was \
+                 given with EngineBuilder::store: configure that store instead",
             ));
         }
         super::incarnation::check_owner(&self.owner)?;
@@ -206,7 +360,11 @@ impl<M: StateMachine> EngineBuilder<M> {
                     .clock
                     .clone()
                     .unwrap_or_else(|| Arc::new(SystemClock) as SharedClock);
-                let store: Arc<dyn Store> = Arc::new(FileStore::builder(dir).clock(clock).open()?);
+                let mut builder = FileStore::builder(dir);
+                for configure in self.file_store.drain(..) {
+                    builder = configure(builder);
+                }
+                let store: Arc<dyn Store> = Arc::new(builder.clock(clock).open()?);
                 (store, true)
             }
         };

@@ -32,7 +32,7 @@ impl<M: StateMachine> Engine<M> {
     /// # impl StateMachine for Count {
     /// #     type State = u64;
     /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: u64, _: &[u8]) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: &[u8]) -> Result<(), Rejection> { *s += 1; Ok(()) }
     /// #     fn encode_checkpoint(&self, s: &u64) -> Vec<u8> { s.to_le_bytes().to_vec() }
     /// #     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<u64, Rejection> {
     /// #         Ok(u64::from_le_bytes(b.try_into().unwrap()))

@@ -7,13 +7,9 @@
 //! `owner`): the incarnation row only says whether this owner's previous incarnation ended
 //! cleanly, for telemetry.
 //!
-//! Within one process, an owner id may have only one open engine per store ([`LiveOwner`]);
-//! across processes, owner ids must be unique among live engines (documented, not checked).
+//! Owner ids must be unique among live engines sharing a store (documented, not checked: an
+//! engine opening with the id of a live one would take its open incarnation for a crash).
 
-use std::collections::HashSet;
-use std::sync::{Arc, OnceLock};
-
-use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -141,37 +137,5 @@ pub(crate) fn end_clean(store: &dyn Store, incarnation: &Incarnation) -> Result<
             ),
             retry_after_ms: 0,
         }),
-    }
-}
-
-/// Owner ids with an engine open on a store in this process, by the store's address.
-fn live() -> &'static Mutex<HashSet<(usize, String)>> {
-    static LIVE: OnceLock<Mutex<HashSet<(usize, String)>>> = OnceLock::new();
-    LIVE.get_or_init(|| Mutex::new(HashSet::new()))
-}
-
-/// Marks an owner id live on a store while an engine holds it; a second engine with the same
-/// owner id on the same store in this process is refused (it would take the first one's open
-/// incarnation for a crash).
-#[derive(Debug)]
-pub(crate) struct LiveOwner {
-    key: (usize, String),
-}
-
-impl LiveOwner {
-    pub(crate) fn claim(store: &Arc<dyn Store>, owner: &str) -> Result<Self> {
-        let key = (Arc::as_ptr(store).cast::<()>() as usize, owner.to_string());
-        if !live().lock().insert(key.clone()) {
-            return Err(Error::invalid(format!(
-                "an engine with owner id {owner:?} is already open on this store; give each engine its own owner id (EngineBuilder::owner)"
-            )));
-        }
-        Ok(LiveOwner { key })
-    }
-}
-
-impl Drop for LiveOwner {
-    fn drop(&mut self) {
-        live().lock().remove(&self.key);
     }
 }

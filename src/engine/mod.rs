@@ -10,7 +10,9 @@
 
 mod config;
 mod fencing;
+mod history;
 mod incarnation;
+mod options;
 mod owned_store;
 mod owner;
 mod stats;
@@ -21,6 +23,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 pub use config::EngineBuilder;
+pub use history::History;
 pub use stats::EngineStats;
 pub use write::{Deferred, Written};
 
@@ -52,6 +55,15 @@ impl<M: StateMachine> Clone for Engine<M> {
     }
 }
 
+impl<M: StateMachine> std::fmt::Debug for Engine<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("incarnation", &self.inner.incarnation.number)
+            .field("open", &*self.inner.open.read_recursive())
+            .finish_non_exhaustive()
+    }
+}
+
 struct Inner<M: StateMachine> {
     restorer: Arc<Restorer<M>>,
     /// The store itself: reads, and rows outside entity partitions.
@@ -66,10 +78,12 @@ struct Inner<M: StateMachine> {
     pool: rayon::ThreadPool,
     clock: SharedClock,
     incarnation: Incarnation,
-    /// Keeps this owner id marked live on this store until close.
-    live: Mutex<Option<incarnation::LiveOwner>>,
     warm_parallelism: usize,
     truncate_after_checkpoint: bool,
+    /// Register an unknown entity on its first write instead of answering `UnknownEntity`.
+    register_on_first_write: bool,
+    /// Publish a checkpoint once a write leaves this many records after the newest one.
+    checkpoint_every: Option<u64>,
     /// The epoch fence every write commits through (SPEC F2, F3).
     fence: Fence,
     /// `true` while open. Calls hold it shared (recursively, so code inside a restore unit can
@@ -92,7 +106,6 @@ impl<M: StateMachine> Engine<M> {
         // One clock (SPEC E4): the engine and the fence read the store's clock, the one
         // `NotAfter` deadlines are checked against.
         let clock: SharedClock = Arc::new(StoreClock(Arc::clone(&store)));
-        let live = incarnation::LiveOwner::claim(&store, &config.owner)?;
         let incarnation = incarnation::begin(&*store, &config.owner)?;
         let fence = Fence::new(Arc::clone(&store), Arc::clone(&clock), config.fence);
         let owners = Arc::new(Owners::new(
@@ -147,9 +160,10 @@ impl<M: StateMachine> Engine<M> {
                 pool,
                 clock,
                 incarnation,
-                live: Mutex::new(Some(live)),
                 warm_parallelism: config.warm_parallelism,
                 truncate_after_checkpoint: config.truncate_after_checkpoint,
+                register_on_first_write: config.register_on_first_write,
+                checkpoint_every: config.checkpoint_every,
                 fence,
                 open: RwLock::new(true),
                 warm: Mutex::new(None),
@@ -454,7 +468,6 @@ impl<M: StateMachine> Engine<M> {
             }
         }
         incarnation::end_clean(&*self.inner.store, &self.inner.incarnation)?;
-        self.inner.live.lock().take();
         if self.inner.owns_store {
             self.inner.store.close()?;
         }

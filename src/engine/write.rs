@@ -8,7 +8,7 @@ use super::Engine;
 use crate::entity::EntityId;
 use crate::error::{Error, Result};
 use crate::log::{self, Guarded, MAX_RECORD_BYTES};
-use crate::restore::{Containment, Deferral, ReasonKind, StateMachine};
+use crate::restore::{ApplyContext, Containment, Deferral, Origin, ReasonKind, StateMachine};
 use crate::store::Batch;
 
 /// What a write did.
@@ -76,10 +76,11 @@ impl<M: StateMachine> Engine<M> {
         decide: impl FnOnce(&M::State) -> (Vec<Vec<u8>>, T),
     ) -> Result<Written<T>> {
         let _open = self.enter()?;
-        let slot = self.touch(entity)?;
+        let slot = self.touch_for_write(entity)?;
         let mut decide = Some(decide);
         let restorer = &self.inner.restorer;
-        self.with_loaded(&slot, |loaded| {
+        let mut checkpoint_due = false;
+        let written = self.with_loaded(&slot, |loaded| {
             let decide = decide.take().expect("called once");
             let (records, value) = decide(&loaded.state);
             if records.is_empty() {
@@ -114,8 +115,9 @@ impl<M: StateMachine> Engine<M> {
             for (i, record) in records.iter().enumerate() {
                 let seq = appended.first_seq + i as u64;
                 let machine = restorer.machine();
+                let ctx = ApplyContext::new(entity, seq, Origin::Live);
                 let folded = catch_unwind(AssertUnwindSafe(|| {
-                    machine.apply(&mut loaded.state, seq, record)
+                    machine.apply(&mut loaded.state, &ctx, record)
                 }));
                 let reason = match folded {
                     Ok(Ok(())) => continue,
@@ -135,11 +137,16 @@ impl<M: StateMachine> Engine<M> {
             if let Some(hook) = restorer.metrics() {
                 hook.appended(entity, records.len() as u64, bytes as u64);
             }
+            checkpoint_due = self.checkpoint_due(&loaded.head.head);
             Ok(Written {
                 seqs: Some(appended.first_seq..=appended.last_seq),
                 value,
             })
-        })
+        })?;
+        if checkpoint_due {
+            self.checkpoint_after_write(entity);
+        }
+        Ok(written)
     }
 
     /// Appends records as they are (SPEC L1). Returns their sequence numbers.
@@ -165,7 +172,8 @@ impl<M: StateMachine> Engine<M> {
         let _open = self.enter()?;
         self.inner.owners.serving(entity.namespace())?;
         self.check_records(std::slice::from_ref(&record))?;
-        match self.inner.restorer.defer(entity, &record)? {
+        let deferral = self.registering(entity, || self.inner.restorer.defer(entity, &record))?;
+        match deferral {
             Deferral::Queued => Ok(Deferred::Queued),
             Deferral::AlreadyRestored => {
                 let seqs = self.append(entity, vec![record])?;

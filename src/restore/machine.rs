@@ -34,6 +34,63 @@ impl fmt::Display for Rejection {
 
 impl std::error::Error for Rejection {}
 
+/// Where a record being folded comes from, so an application can suppress side effects (emails,
+/// notifications, external calls) when a record is only being replayed (SPEC R3, R8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Origin {
+    /// Stored history folded again by a restore unit: the record was accepted in the past
+    /// (in this process or an earlier one). Its side effects, if any, already happened.
+    Replay,
+    /// Deferred work folded for the first time, inside the restore unit, right after the
+    /// unit moved it into the log (SPEC R8).
+    Deferred,
+    /// A record the application's unclean-restart repair returned, folded for the first time
+    /// right after it was appended (SPEC R3).
+    Repair,
+    /// A record a write (`Engine::write`, `append`, or `defer` to a restored entity) has just
+    /// appended.
+    Live,
+}
+
+impl Origin {
+    /// Whether the record is stored history folded again (its side effects already happened).
+    pub fn is_replay(self) -> bool {
+        self == Origin::Replay
+    }
+}
+
+/// What [`StateMachine::apply`] learns about the record it folds, besides its bytes.
+///
+/// ```
+/// use portcullis::EntityId;
+/// use portcullis::restore::{ApplyContext, Origin};
+/// let room = EntityId::new("chat", "room-1").unwrap();
+/// let ctx = ApplyContext::new(&room, 7, Origin::Live);
+/// assert_eq!((ctx.seq, ctx.origin.is_replay()), (7, false));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ApplyContext<'a> {
+    /// The entity the record belongs to.
+    pub entity: &'a EntityId,
+    /// The record's sequence number in the entity's log.
+    pub seq: u64,
+    /// Where the record comes from.
+    pub origin: Origin,
+}
+
+impl<'a> ApplyContext<'a> {
+    /// A context (the engine makes these; tests of a state machine may too).
+    pub fn new(entity: &'a EntityId, seq: u64, origin: Origin) -> Self {
+        ApplyContext {
+            entity,
+            seq,
+            origin,
+        }
+    }
+}
+
 /// The state machine of one kind of entity, supplied by the application.
 ///
 /// Restore starts from [`fresh`](Self::fresh) or a decoded checkpoint and folds records with
@@ -42,7 +99,7 @@ impl std::error::Error for Rejection {}
 ///
 /// ```
 /// use portcullis::EntityId;
-/// use portcullis::restore::{Rejection, StateMachine};
+/// use portcullis::restore::{ApplyContext, Rejection, StateMachine};
 ///
 /// /// Sums little-endian u64 records.
 /// struct Counter;
@@ -50,7 +107,7 @@ impl std::error::Error for Rejection {}
 /// impl StateMachine for Counter {
 ///     type State = u64;
 ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-///     fn apply(&self, state: &mut u64, _seq: u64, record: &[u8]) -> Result<(), Rejection> {
+///     fn apply(&self, state: &mut u64, _: &ApplyContext<'_>, record: &[u8]) -> Result<(), Rejection> {
 ///         let bytes: [u8; 8] = record.try_into().map_err(|_| Rejection::new("not a u64"))?;
 ///         *state += u64::from_le_bytes(bytes);
 ///         Ok(())
@@ -68,9 +125,21 @@ pub trait StateMachine: Send + Sync + 'static {
     /// The state of an entity with no history.
     fn fresh(&self, entity: &EntityId) -> Self::State;
 
-    /// Folds record `seq` into `state`, or refuses it. A refusal during restore contains the
+    /// Folds record `ctx.seq` into `state`, or refuses it. A refusal during restore contains the
     /// entity (SPEC R4). When it refuses, it should leave `state` unchanged.
-    fn apply(&self, state: &mut Self::State, seq: u64, record: &[u8]) -> Result<(), Rejection>;
+    ///
+    /// `ctx.origin` tells a replayed record ([`Origin::Replay`]: suppress side effects) from
+    /// one folded for the first time (deferred, repair, live). `apply` runs while the engine
+    /// holds the entity (inside its restore unit, or under its state lock during a write):
+    /// calling back into the engine for the same entity is refused with
+    /// [`Error::WouldDeadlock`](crate::Error::WouldDeadlock); see `docs/restore.md`, "Locking
+    /// rules for application code".
+    fn apply(
+        &self,
+        state: &mut Self::State,
+        ctx: &ApplyContext<'_>,
+        record: &[u8],
+    ) -> Result<(), Rejection>;
 
     /// Encodes a state for a checkpoint (SPEC L3).
     fn encode_checkpoint(&self, state: &Self::State) -> Vec<u8>;
@@ -110,8 +179,13 @@ impl<M: StateMachine> StateMachine for std::sync::Arc<M> {
         (**self).fresh(entity)
     }
 
-    fn apply(&self, state: &mut Self::State, seq: u64, record: &[u8]) -> Result<(), Rejection> {
-        (**self).apply(state, seq, record)
+    fn apply(
+        &self,
+        state: &mut Self::State,
+        ctx: &ApplyContext<'_>,
+        record: &[u8],
+    ) -> Result<(), Rejection> {
+        (**self).apply(state, ctx, record)
     }
 
     fn encode_checkpoint(&self, state: &Self::State) -> Vec<u8> {

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use crate::entity::Namespace;
 
 pub use containment::{Containment, ReasonKind};
-pub use machine::{Rejection, StateMachine};
+pub use machine::{ApplyContext, Origin, Rejection, StateMachine};
 pub(crate) use registry::inside_own_unit;
 pub use registry::{Deferral, PhaseCounts, Restorer, Slot, Touched};
 pub use telemetry::Metrics;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use super::RestoreConfig;
 use super::containment::{Containment, ReasonKind};
 use super::keys;
-use super::machine::{Rejection, StateMachine};
+use super::machine::{ApplyContext, Origin, Rejection, StateMachine};
 use crate::entity::EntityId;
 use crate::error::Error;
 use crate::log::{self, Guarded, HeadSnapshot};
@@ -183,7 +183,7 @@ impl<M: StateMachine> Unit<'_, M> {
             after_digest,
             |record| {
                 report.replayed_bytes += record.payload.len() as u64;
-                self.apply(&mut state, record.seq, &record.payload)
+                self.apply(&mut state, record.seq, Origin::Replay, &record.payload)
                     .map_err(Step::Contained)
             },
         );
@@ -195,9 +195,16 @@ impl<M: StateMachine> Unit<'_, M> {
         Ok((state, head))
     }
 
-    fn apply(&self, state: &mut M::State, seq: u64, record: &[u8]) -> Result<(), Containment> {
+    fn apply(
+        &self,
+        state: &mut M::State,
+        seq: u64,
+        origin: Origin,
+        record: &[u8],
+    ) -> Result<(), Containment> {
+        let ctx = ApplyContext::new(self.entity, seq, origin);
         app(&format!("apply of record {seq}"), || {
-            self.machine.apply(state, seq, record)
+            self.machine.apply(state, &ctx, record)
         })?
         .map_err(|r: Rejection| {
             Containment::new(ReasonKind::ApplyRefusal, format!("record {seq}: {r}"))
@@ -235,7 +242,8 @@ impl<M: StateMachine> Unit<'_, M> {
             }
             let appended = self.append(&head, &records, extra, "deferred work")?;
             for (i, record) in records.iter().enumerate() {
-                self.apply(state, appended.first_seq + i as u64, record)?;
+                let seq = appended.first_seq + i as u64;
+                self.apply(state, seq, Origin::Deferred, record)?;
             }
             report.deferred += records.len() as u64;
             head = appended.head;
@@ -301,7 +309,7 @@ impl<M: StateMachine> Unit<'_, M> {
             let extra = guard.put(keys::repair_key(), mark.clone());
             let appended = self.append(&head, &records, extra, "repair records")?;
             for (i, record) in records.iter().enumerate() {
-                self.apply(state, appended.first_seq + i as u64, record)?;
+                self.apply(state, appended.first_seq + i as u64, Origin::Repair, record)?;
             }
             report.repaired += records.len() as u64;
             report.repairs_run += 1;

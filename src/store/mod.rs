@@ -5,6 +5,7 @@
 //! entities, epochs or restores, and calls nothing above it.
 
 mod file;
+mod iter;
 mod memory;
 mod types;
 
@@ -13,6 +14,7 @@ pub use file::{
     OpenReport, OsFs, PathKind, SyncPolicy, TornTail, Vfs, VfsFile, VfsLock,
 };
 
+pub use iter::{ENTRIES_PAGE, Entries};
 pub use memory::MemoryStore;
 pub(crate) use types::check_guards;
 pub use types::{
@@ -95,6 +97,27 @@ pub trait Store: Send + Sync {
         cursor: Option<&Cursor>,
         limit: usize,
     ) -> Result<ScanPage>;
+
+    /// Every entry of `range` in key order, as an iterator that reads [`Store::scan`] pages of
+    /// [`ENTRIES_PAGE`] entries as it goes (see [`Entries`]). On a `dyn Store`, use
+    /// [`Entries::new`].
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, KeyRange, MemoryStore, Partition, Store};
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("users").unwrap();
+    /// store.apply(&p, &Batch::new().put(b"u/1".to_vec(), b"ann".to_vec()).put(b"u/2".to_vec(), b"bo".to_vec())).unwrap();
+    /// for entry in store.entries(&p, KeyRange::prefix(b"u/")) {
+    ///     let (key, value) = entry.unwrap();
+    ///     assert!(key.starts_with(b"u/") && !value.is_empty());
+    /// }
+    /// ```
+    fn entries(&self, p: &Partition, range: KeyRange) -> Entries<'_>
+    where
+        Self: Sized,
+    {
+        Entries::new(self, p.clone(), range)
+    }
 
     /// Checks the batch's preconditions and applies its operations, atomically.
     ///

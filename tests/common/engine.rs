@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::Mutex;
 use portcullis::EntityId;
 use portcullis::engine::{Engine, EngineBuilder};
-use portcullis::restore::{Rejection, StateMachine};
+use portcullis::restore::{ApplyContext, Origin, Rejection, StateMachine};
 use portcullis::store::{Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, StoreStats};
 
 /// The folded state: the records seen, in order, with their sequence numbers.
@@ -33,6 +33,8 @@ pub struct TestMachine {
     pub on_unit_start: Mutex<Option<Hook>>,
     pub panic_in_repair: AtomicBool,
     pub panic_in_encode: AtomicBool,
+    /// Every record `apply` folded: entity, seq, origin (SPEC R3).
+    pub applied: Mutex<Vec<(EntityId, u64, Origin)>>,
 }
 
 impl TestMachine {
@@ -62,12 +64,20 @@ impl StateMachine for TestMachine {
         Folded::default()
     }
 
-    fn apply(&self, s: &mut Folded, seq: u64, record: &[u8]) -> Result<(), Rejection> {
+    fn apply(
+        &self,
+        s: &mut Folded,
+        ctx: &ApplyContext<'_>,
+        record: &[u8],
+    ) -> Result<(), Rejection> {
         match record {
             b"!refuse" => Err(Rejection::new("this record is refused")),
             b"!panic" => panic!("apply met a poisonous record"),
             _ => {
-                s.records.push((seq, record.to_vec()));
+                self.applied
+                    .lock()
+                    .push((ctx.entity.clone(), ctx.seq, ctx.origin));
+                s.records.push((ctx.seq, record.to_vec()));
                 Ok(())
             }
         }
@@ -282,4 +292,10 @@ pub fn owner_builder(
     builder(machine, store)
         .owner(owner)
         .adopt_on_first_use(false)
+}
+
+/// Ends an engine the way a crash would: no clean shutdown is recorded (dropping it would
+/// close it cleanly, SPEC R11). The store wrapper keeps the data for the next open.
+pub fn crash(engine: TestEngine) {
+    std::mem::forget(engine);
 }
