@@ -19,15 +19,16 @@ pub enum Error {
     InvalidArgument(String),
 
     /// A key, value, batch or record exceeds a documented limit; nothing was changed.
-    #[error(
-        "{what} is {size} bytes, above the limit of {limit} bytes; split it, nothing was changed"
-    )]
+    ///
+    /// Sizes are in bytes, except when `what` counts something ("operations in a batch",
+    /// "preconditions in a batch"), which the message then says.
+    #[error("{}", too_large_message(what, *size, *limit))]
     TooLarge {
-        /// What was too large ("key", "value", "batch", ...).
+        /// What was too large ("key", "value", "batch", "operations in a batch", ...).
         what: &'static str,
-        /// Its size in bytes.
+        /// Its size in bytes, or its count when `what` names a count.
         size: usize,
-        /// The limit in bytes.
+        /// The limit, in the same unit.
         limit: usize,
     },
 
@@ -128,6 +129,19 @@ pub enum Error {
         detail: String,
     },
 
+    /// A batch was sent to a remote store but its answer was lost (a timeout or a dropped
+    /// connection after sending), and the store could not find out whether it committed
+    /// (SPEC S11). It was applied at most once: either it committed, or it never will.
+    #[error(
+        "the outcome of a batch on {partition} is unknown: {detail}; it committed at most once, so read back what it wrote before deciding to retry it"
+    )]
+    OutcomeUnknown {
+        /// The partition the batch was for.
+        partition: String,
+        /// What went wrong, and where.
+        detail: String,
+    },
+
     /// This engine does not serve the entity's namespace (SPEC F11): it never adopted it, it
     /// released it, or another owner holds it.
     #[error("this engine does not serve namespace {namespace}: {detail}")]
@@ -137,6 +151,20 @@ pub enum Error {
         /// Why, and what to do.
         detail: String,
     },
+}
+
+/// The message of [`Error::TooLarge`]: bytes, or a count for "operations ..." and
+/// "preconditions ..." (SPEC S11: a backend may limit how many a batch carries).
+fn too_large_message(what: &str, size: usize, limit: usize) -> String {
+    if what.starts_with("operations") || what.starts_with("preconditions") {
+        format!(
+            "{size} {what}, above this store's limit of {limit}; split the work into several batches, nothing was changed"
+        )
+    } else {
+        format!(
+            "{what} is {size} bytes, above the limit of {limit} bytes; split it, nothing was changed"
+        )
+    }
 }
 
 impl Error {
@@ -156,7 +184,8 @@ impl Error {
             Error::Contained { .. } => 11,
             Error::UnknownEntity(_) => 12,
             Error::WouldDeadlock { .. } => 13,
-            Error::NotServed { .. } => 14,
+            Error::OutcomeUnknown { .. } => 14,
+            Error::NotServed { .. } => 15,
         }
     }
 
@@ -219,6 +248,10 @@ mod tests {
                 entity: "e".into(),
                 detail: "d".into(),
             },
+            Error::OutcomeUnknown {
+                partition: "p".into(),
+                detail: "d".into(),
+            },
             Error::NotServed {
                 namespace: "n".into(),
                 detail: "d".into(),
@@ -229,5 +262,29 @@ mod tests {
         codes.dedup();
         assert_eq!(codes.len(), all.len());
         assert!(!codes.contains(&0));
+    }
+
+    #[test]
+    fn too_large_names_counts_and_bytes() {
+        let count = Error::TooLarge {
+            what: "operations in a batch",
+            size: 64,
+            limit: 63,
+        };
+        assert_eq!(
+            count.to_string(),
+            "64 operations in a batch, above this store's limit of 63; split the work into \
+             several batches, nothing was changed"
+        );
+        let bytes = Error::TooLarge {
+            what: "key",
+            size: 2000,
+            limit: 1024,
+        };
+        assert!(
+            bytes
+                .to_string()
+                .starts_with("key is 2000 bytes, above the limit of 1024 bytes")
+        );
     }
 }

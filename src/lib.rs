@@ -22,6 +22,7 @@ pub mod engine;
 pub mod entity;
 pub mod error;
 pub mod fence;
+pub mod inspect;
 pub mod log;
 pub mod restore;
 pub mod store;

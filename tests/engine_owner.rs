@@ -306,7 +306,7 @@ fn f11_an_engine_that_does_not_adopt_on_first_use_serves_only_what_it_owns() {
     let engine = owner_builder(&machine, &store, "a").open().unwrap();
     let err = engine.register(&entity(1)).unwrap_err();
     assert!(matches!(err, Error::NotServed { .. }), "{err}");
-    assert_eq!(err.code(), 14);
+    assert_eq!(err.code(), 15);
     let engine2 = owner_builder(&machine, &store, "b")
         .own(ns.clone())
         .open()

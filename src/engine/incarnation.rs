@@ -139,3 +139,38 @@ pub(crate) fn end_clean(store: &dyn Store, incarnation: &Incarnation) -> Result<
         }),
     }
 }
+
+/// The incarnation rows in an operator's words, for the inspect tool (SPEC E5): per owner id,
+/// the last incarnation and whether it closed cleanly. Repairs owed are per namespace (the
+/// namespace's owner row).
+pub(crate) fn describe(store: &dyn Store) -> Result<Option<String>> {
+    let p = system_partition();
+    let page = store.scan(
+        &p,
+        &crate::store::KeyRange::prefix(b"incarnation"),
+        None,
+        1_000,
+    )?;
+    let mut lines = Vec::new();
+    for (key, raw) in page.entries {
+        let owner = match key.strip_prefix(b"incarnation/".as_slice()) {
+            Some(name) => String::from_utf8_lossy(name).into_owned(),
+            None if key == b"incarnation" => DEFAULT_OWNER.to_string(),
+            None => continue,
+        };
+        let row: IncarnationRow = decode_row(&p, "incarnation", &raw)?;
+        let state = if row.clean {
+            "closed cleanly"
+        } else {
+            "did not close cleanly (running now, or it crashed)"
+        };
+        lines.push(format!(
+            "owner {owner:?}: incarnation {} {state}",
+            row.number
+        ));
+    }
+    if lines.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(lines.join("; ")))
+}

@@ -24,6 +24,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
 pub use config::EngineBuilder;
 pub use history::History;
+pub(crate) use incarnation::describe as describe_incarnation;
 pub use stats::EngineStats;
 pub use write::{Deferred, Written};
 

@@ -16,7 +16,9 @@ use super::owner::{Mode, Owners};
 use crate::entity::EntityId;
 use crate::error::{Error, Result};
 use crate::fence::{Fence, WriteOutcome};
-use crate::store::{Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, Store, StoreStats};
+use crate::store::{
+    Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, Store, StoreLimits, StoreStats,
+};
 
 /// See the module documentation.
 pub(crate) struct OwnedStore {
@@ -110,6 +112,14 @@ impl Store for OwnedStore {
 
     fn now_ms(&self) -> u64 {
         self.raw.now_ms()
+    }
+
+    fn limits(&self) -> StoreLimits {
+        self.raw.limits()
+    }
+
+    fn evaluates_deadlines(&self) -> bool {
+        self.raw.evaluates_deadlines()
     }
 
     fn stats(&self) -> StoreStats {

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock};
 
 use super::{
-    Batch, Cursor, KeyRange, Op, Outcome, Partition, ScanPage, Store, StoreStats, check_guards,
-    check_key, check_limit,
+    Batch, Cursor, KeyRange, Op, Outcome, Partition, ScanPage, Store, StoreLimits, StoreStats,
+    check_guards, check_key_within, check_limit, refuse_deadlines,
 };
 use crate::clock::{SharedClock, SystemClock};
 use crate::error::{Error, Result};
@@ -30,6 +30,8 @@ type Rows = BTreeMap<Vec<u8>, Vec<u8>>;
 pub struct MemoryStore {
     partitions: RwLock<HashMap<Partition, Arc<Mutex<Rows>>>>,
     clock: SharedClock,
+    limits: StoreLimits,
+    deadlines: bool,
     batches: AtomicU64,
     closed: AtomicBool,
 }
@@ -51,9 +53,44 @@ impl MemoryStore {
         MemoryStore {
             partitions: RwLock::new(HashMap::new()),
             clock,
+            limits: StoreLimits::DEFAULT,
+            deadlines: true,
             batches: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         }
+    }
+
+    /// This store with other limits (SPEC S11), e.g. a distributed backend's, so code that
+    /// must respect them can be tested in memory.
+    ///
+    /// ```
+    /// use portcullis::{Error, store::{Batch, MemoryStore, Partition, Store, StoreLimits}};
+    /// let store = MemoryStore::new().with_limits(StoreLimits::DEFAULT.with_max_batch_ops(1));
+    /// let p = Partition::new("p").unwrap();
+    /// let two = Batch::new().put(b"a".to_vec(), b"1".to_vec()).put(b"b".to_vec(), b"2".to_vec());
+    /// assert!(matches!(store.apply(&p, &two), Err(Error::TooLarge { .. })));
+    /// ```
+    pub fn with_limits(mut self, limits: StoreLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// This store without server-side deadlines (SPEC S11): it answers `false` to
+    /// [`Store::evaluates_deadlines`] and refuses every batch that carries a `NotAfter`, as
+    /// the etcd backend does, so code that must cope with such a backend can be tested in
+    /// memory.
+    ///
+    /// ```
+    /// use portcullis::{Error, store::{Batch, MemoryStore, Partition, Store}};
+    /// let store = MemoryStore::new().without_deadlines();
+    /// assert!(!store.evaluates_deadlines());
+    /// let p = Partition::new("p").unwrap();
+    /// let batch = Batch::new().not_after(u64::MAX).put(b"a".to_vec(), b"1".to_vec());
+    /// assert!(matches!(store.apply(&p, &batch), Err(Error::InvalidArgument(_))));
+    /// ```
+    pub fn without_deadlines(mut self) -> Self {
+        self.deadlines = false;
+        self
     }
 
     fn check_open(&self) -> Result<()> {
@@ -71,14 +108,14 @@ impl MemoryStore {
 impl Store for MemoryStore {
     fn get(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.check_open()?;
-        check_key(key)?;
+        check_key_within(key, &self.limits)?;
         Ok(self.rows(p).and_then(|rows| rows.lock().get(key).cloned()))
     }
 
     fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
         self.check_open()?;
         for key in keys {
-            check_key(key)?;
+            check_key_within(key, &self.limits)?;
         }
         let Some(rows) = self.rows(p) else {
             return Ok(vec![None; keys.len()]);
@@ -122,7 +159,10 @@ impl Store for MemoryStore {
 
     fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {
         self.check_open()?;
-        batch.validate()?;
+        batch.validate_within(&self.limits)?;
+        if !self.deadlines {
+            refuse_deadlines(batch, "this in-memory store")?;
+        }
         let now_ms = || self.clock.now_ms();
         let rows = match self.rows(p) {
             Some(rows) => rows,
@@ -175,6 +215,14 @@ impl Store for MemoryStore {
 
     fn now_ms(&self) -> u64 {
         self.clock.now_ms()
+    }
+
+    fn limits(&self) -> StoreLimits {
+        self.limits
+    }
+
+    fn evaluates_deadlines(&self) -> bool {
+        self.deadlines
     }
 
     fn stats(&self) -> StoreStats {

@@ -14,13 +14,15 @@ pub use file::{
     OpenReport, OsFs, PathKind, SyncPolicy, TornTail, Vfs, VfsFile, VfsLock,
 };
 
+pub(crate) use file::{FileCheck, FileState, check_unopened};
 pub use iter::{ENTRIES_PAGE, Entries};
 pub use memory::MemoryStore;
-pub(crate) use types::check_guards;
 pub use types::{
     Batch, Cursor, KeyRange, MAX_BATCH_BYTES, MAX_KEY_BYTES, MAX_PARTITION_NAME_BYTES,
-    MAX_VALUE_BYTES, Op, Outcome, Partition, Precondition, ScanPage, StoreStats, check_key,
+    MAX_VALUE_BYTES, Op, Outcome, Partition, Precondition, ScanPage, StoreLimits, StoreStats,
+    check_key,
 };
+pub(crate) use types::{check_guards, check_key_within, refuse_deadlines};
 
 use crate::error::Result;
 
@@ -137,6 +139,29 @@ pub trait Store: Send + Sync {
 
     /// The store's clock, which `NotAfter` preconditions are checked against.
     fn now_ms(&self) -> u64;
+
+    /// How much one batch may carry on this backend (SPEC S11). A batch over any limit is
+    /// refused with [`Error::TooLarge`](crate::Error::TooLarge) before anything is touched,
+    /// never split.
+    ///
+    /// The default is [`StoreLimits::DEFAULT`] (SPEC S1's limits, no count limit). A backend
+    /// with tighter limits overrides it, and a store that wraps another forwards it.
+    fn limits(&self) -> StoreLimits {
+        StoreLimits::DEFAULT
+    }
+
+    /// Whether this backend evaluates `NotAfter` preconditions on its own clock, inside the
+    /// commit step (SPEC S2, S11).
+    ///
+    /// `true` (the default) for the file-backed and in-memory stores. A backend that cannot
+    /// (etcd has no compare on server time) answers `false` and refuses every batch that
+    /// carries a `NotAfter` with [`Error::InvalidArgument`](crate::Error::InvalidArgument);
+    /// fencing then keeps F7 without server-side deadlines. A store that wraps another must
+    /// forward this answer: a wrapper around a deadline-less backend that answers `true` would
+    /// let fencing rely on a check that never happens.
+    fn evaluates_deadlines(&self) -> bool {
+        true
+    }
 
     /// Counters for batching, syncs and laziness.
     fn stats(&self) -> StoreStats;

@@ -16,6 +16,83 @@ pub const MAX_BATCH_BYTES: usize = 64 << 20;
 /// The longest partition name, in bytes.
 pub const MAX_PARTITION_NAME_BYTES: usize = 255;
 
+/// How much one batch may carry on a backend, and what a backend can evaluate (SPEC S11).
+///
+/// Every backend enforces its own limits before touching anything: a batch over any of them is
+/// refused with [`Error::TooLarge`] and changes nothing; it is never split. The file-backed and
+/// in-memory stores have [`StoreLimits::DEFAULT`] (the limits of SPEC S1, no count limit); a
+/// distributed backend is usually tighter (etcd: 128 operations and 1.5 MiB per transaction).
+/// Callers that build large batches read [`Store::limits`](super::Store::limits) and split their
+/// work themselves.
+///
+/// ```
+/// use portcullis::store::{MemoryStore, Store, StoreLimits};
+/// let limits = MemoryStore::new().limits();
+/// assert_eq!(limits, StoreLimits::DEFAULT);
+/// assert_eq!(limits.max_key_bytes, 1024);
+/// let tight = StoreLimits::DEFAULT.with_max_batch_ops(63).with_max_batch_bytes(1 << 20);
+/// assert_eq!(tight.max_batch_ops, 63);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreLimits {
+    /// The largest key, in bytes. Never above [`MAX_KEY_BYTES`].
+    pub max_key_bytes: usize,
+    /// The largest value, in bytes. Never above [`MAX_VALUE_BYTES`].
+    pub max_value_bytes: usize,
+    /// The most operations one batch may carry; its preconditions are limited to the same
+    /// number. `usize::MAX` when the backend has no such limit.
+    pub max_batch_ops: usize,
+    /// The largest batch, counted as the bytes of every key and value it carries (as
+    /// [`Batch::validate`] counts them). Never above [`MAX_BATCH_BYTES`].
+    pub max_batch_bytes: usize,
+}
+
+impl StoreLimits {
+    /// The limits of SPEC S1, with no limit on the number of operations: the file-backed and
+    /// in-memory stores.
+    pub const DEFAULT: StoreLimits = StoreLimits {
+        max_key_bytes: MAX_KEY_BYTES,
+        max_value_bytes: MAX_VALUE_BYTES,
+        max_batch_ops: usize::MAX,
+        max_batch_bytes: MAX_BATCH_BYTES,
+    };
+
+    /// These limits with the key limit lowered to `bytes` (never raised above S1's).
+    pub const fn with_max_key_bytes(mut self, bytes: usize) -> Self {
+        self.max_key_bytes = min(bytes, MAX_KEY_BYTES);
+        self
+    }
+
+    /// These limits with the value limit lowered to `bytes` (never raised above S1's).
+    pub const fn with_max_value_bytes(mut self, bytes: usize) -> Self {
+        self.max_value_bytes = min(bytes, MAX_VALUE_BYTES);
+        self
+    }
+
+    /// These limits with at most `ops` operations (and as many preconditions) per batch.
+    pub const fn with_max_batch_ops(mut self, ops: usize) -> Self {
+        self.max_batch_ops = ops;
+        self
+    }
+
+    /// These limits with the batch limit lowered to `bytes` (never raised above S1's).
+    pub const fn with_max_batch_bytes(mut self, bytes: usize) -> Self {
+        self.max_batch_bytes = min(bytes, MAX_BATCH_BYTES);
+        self
+    }
+}
+
+impl Default for StoreLimits {
+    fn default() -> Self {
+        StoreLimits::DEFAULT
+    }
+}
+
+const fn min(a: usize, b: usize) -> usize {
+    if a < b { a } else { b }
+}
+
 /// The name of a partition: 1 to 255 arbitrary bytes. Cheap to clone.
 ///
 /// ```
@@ -316,35 +393,71 @@ impl Batch {
 
     /// Checks every limit of SPEC S1 and returns the batch's size in bytes.
     ///
-    /// Every backend calls this before touching anything, so an oversize or malformed batch
-    /// changes nothing.
+    /// The same as [`Batch::validate_within`] with [`StoreLimits::DEFAULT`]; a backend checks
+    /// its own limits, which may be tighter (SPEC S11).
     pub fn validate(&self) -> Result<usize> {
+        self.validate_within(&StoreLimits::DEFAULT)
+    }
+
+    /// Checks the batch against a backend's limits (SPEC S1, S11) and returns its size in
+    /// bytes: keys not empty and within `max_key_bytes`, values within `max_value_bytes`, at
+    /// most `max_batch_ops` operations and as many preconditions, and at most
+    /// `max_batch_bytes` in all.
+    ///
+    /// Every backend calls this with its [`Store::limits`](super::Store::limits) before
+    /// touching anything, so an oversize or malformed batch changes nothing.
+    ///
+    /// ```
+    /// use portcullis::{Error, store::{Batch, StoreLimits}};
+    /// let limits = StoreLimits::DEFAULT.with_max_batch_ops(2);
+    /// let batch = Batch::new().put(b"a".to_vec(), b"1".to_vec()).put(b"b".to_vec(), b"2".to_vec());
+    /// assert_eq!(batch.validate_within(&limits).unwrap(), 4);
+    /// let batch = batch.delete(b"c".to_vec());
+    /// assert!(matches!(batch.validate_within(&limits), Err(Error::TooLarge { size: 3, limit: 2, .. })));
+    /// ```
+    pub fn validate_within(&self, limits: &StoreLimits) -> Result<usize> {
         let mut size = 0usize;
         for guard in &self.guards {
             size += match guard {
-                Precondition::Equals(k, v) => check_key(k)? + check_value(v)?,
-                Precondition::Absent(k) | Precondition::Present(k) => check_key(k)?,
+                Precondition::Equals(k, v) => {
+                    check_key_within(k, limits)? + check_value(v, limits)?
+                }
+                Precondition::Absent(k) | Precondition::Present(k) => check_key_within(k, limits)?,
                 Precondition::NotAfter(_) => 8,
             };
         }
         for op in &self.ops {
             size += match op {
-                Op::Put(k, v) => check_key(k)? + check_value(v)?,
-                Op::Delete(k) => check_key(k)?,
+                Op::Put(k, v) => check_key_within(k, limits)? + check_value(v, limits)?,
+                Op::Delete(k) => check_key_within(k, limits)?,
                 Op::DeleteRange(r) => {
                     for b in [&r.start, &r.end] {
                         if let Bound::Included(k) | Bound::Excluded(k) = b
-                            && k.len() > MAX_KEY_BYTES
+                            && k.len() > limits.max_key_bytes
                         {
-                            return Err(too_large("range bound", k.len(), MAX_KEY_BYTES));
+                            return Err(too_large("range bound", k.len(), limits.max_key_bytes));
                         }
                     }
                     r.bytes()
                 }
             };
         }
-        if size > MAX_BATCH_BYTES {
-            return Err(too_large("batch", size, MAX_BATCH_BYTES));
+        if self.ops.len() > limits.max_batch_ops {
+            return Err(too_large(
+                "operations in a batch",
+                self.ops.len(),
+                limits.max_batch_ops,
+            ));
+        }
+        if self.guards.len() > limits.max_batch_ops {
+            return Err(too_large(
+                "preconditions in a batch",
+                self.guards.len(),
+                limits.max_batch_ops,
+            ));
+        }
+        if size > limits.max_batch_bytes {
+            return Err(too_large("batch", size, limits.max_batch_bytes));
         }
         Ok(size)
     }
@@ -352,18 +465,23 @@ impl Batch {
 
 /// Checks a key against SPEC S1 and returns its length.
 pub fn check_key(key: &[u8]) -> Result<usize> {
+    check_key_within(key, &StoreLimits::DEFAULT)
+}
+
+/// Checks a key against a backend's limits (SPEC S1, S11) and returns its length.
+pub(crate) fn check_key_within(key: &[u8], limits: &StoreLimits) -> Result<usize> {
     if key.is_empty() {
         return Err(Error::invalid("keys must not be empty"));
     }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(too_large("key", key.len(), MAX_KEY_BYTES));
+    if key.len() > limits.max_key_bytes {
+        return Err(too_large("key", key.len(), limits.max_key_bytes));
     }
     Ok(key.len())
 }
 
-fn check_value(value: &[u8]) -> Result<usize> {
-    if value.len() > MAX_VALUE_BYTES {
-        return Err(too_large("value", value.len(), MAX_VALUE_BYTES));
+fn check_value(value: &[u8], limits: &StoreLimits) -> Result<usize> {
+    if value.len() > limits.max_value_bytes {
+        return Err(too_large("value", value.len(), limits.max_value_bytes));
     }
     Ok(value.len())
 }
@@ -415,6 +533,23 @@ pub struct StoreStats {
     pub segments: u64,
     /// Compactions completed since open.
     pub compactions: u64,
+}
+
+/// Refuses a batch that carries a `NotAfter` precondition, for a backend that cannot evaluate
+/// one on its own clock (SPEC S11). Nothing is changed.
+pub(crate) fn refuse_deadlines(batch: &Batch, backend: &str) -> Result<()> {
+    match batch
+        .guards()
+        .iter()
+        .position(|g| matches!(g, Precondition::NotAfter(_)))
+    {
+        None => Ok(()),
+        Some(index) => Err(Error::invalid(format!(
+            "precondition {index} is a NotAfter deadline, which {backend} cannot evaluate on its \
+             own clock (Store::evaluates_deadlines is false); leave deadlines out of batches \
+             for this store"
+        ))),
+    }
 }
 
 /// Checks a batch's preconditions against a point-in-time view of a partition.

@@ -30,7 +30,9 @@
 //! store_model_tests!(open_file);
 //! ```
 //!
-//! The store must read `NotAfter` deadlines from the clock it was given. Cases never sleep:
+//! The store must read `NotAfter` deadlines from the clock it was given, or answer `false` to
+//! `Store::evaluates_deadlines` and refuse every batch that carries one (SPEC S11); the cases
+//! check whichever the store declares, and size limits against `Store::limits`. Cases never sleep:
 //! concurrent cases synchronise with barriers, scoped threads and bounded loops, and keep their
 //! total number of committed batches to a few thousand, since a syncing backend pays a sync for
 //! each.
@@ -49,7 +51,7 @@ use std::thread;
 
 use portcullis::store::{
     Batch, Cursor, KeyRange, MAX_BATCH_BYTES, MAX_KEY_BYTES, MAX_PARTITION_NAME_BYTES,
-    MAX_VALUE_BYTES, Outcome, Partition, Precondition, ScanPage, Store,
+    MAX_VALUE_BYTES, Outcome, Partition, Precondition, ScanPage, Store, StoreLimits,
 };
 use portcullis::{Clock, Error, ManualClock};
 
@@ -106,6 +108,7 @@ macro_rules! conformance_suite {
             precondition_absent,
             precondition_present,
             precondition_not_after,
+            deadlines_refused_when_not_evaluated,
             preconditions_combined_report_first_failing_index,
             failed_precondition_changes_nothing,
             failed_batch_on_new_partition_creates_nothing,
@@ -124,6 +127,7 @@ macro_rules! conformance_suite {
             reads_with_invalid_keys_are_refused,
             value_size_limit,
             batch_size_limit,
+            batch_count_limits,
             invalid_partition_names_are_refused,
             closed_store_answers_closed,
             error_codes_are_stable,
@@ -955,12 +959,37 @@ fn seeded(open: Open, name: &str) -> (Fixture, Partition) {
 }
 
 fn expect_outcome(s: &dyn Store, p: &Partition, batch: Batch, expected: Outcome) {
+    if !s.evaluates_deadlines() && has_deadline(&batch) {
+        return expect_deadline_refused(s, p, batch);
+    }
     let before = snapshot(s);
     let got = s.apply(p, &batch).expect("apply");
     assert_eq!(got, expected, "{batch:?}");
     if !got.is_committed() {
         assert_eq!(snapshot(s), before, "a refused batch changed something");
     }
+}
+
+fn has_deadline(batch: &Batch) -> bool {
+    batch
+        .guards()
+        .iter()
+        .any(|g| matches!(g, Precondition::NotAfter(_)))
+}
+
+/// S11: a store that does not evaluate deadlines refuses a batch carrying `NotAfter` with
+/// `InvalidArgument` (code 1), before looking at anything else, and changes nothing.
+fn expect_deadline_refused(s: &dyn Store, p: &Partition, batch: Batch) {
+    assert!(!s.evaluates_deadlines());
+    let before = snapshot(s);
+    let result = s.apply(p, &batch);
+    assert_eq!(
+        result.as_ref().map_err(Error::code).err(),
+        Some(1),
+        "{batch:?}: {result:?}"
+    );
+    assert_invalid(result, "a deadline on a store without deadlines");
+    assert_eq!(snapshot(s), before, "a refused deadline changed something");
 }
 
 /// S2: `Equals(key, value)` holds only when the key holds exactly that value.
@@ -1094,6 +1123,10 @@ pub fn precondition_present(open: Open) {
 pub fn precondition_not_after(open: Open) {
     let (f, p) = seeded(open, "not-after");
     let s = &*f.store;
+    if !s.evaluates_deadlines() {
+        // See `deadlines_refused_when_not_evaluated`.
+        return;
+    }
     let clock = &f.clock;
     assert_eq!(s.now_ms(), START_MS, "the store reads the given clock");
     let now = clock.now_ms();
@@ -1163,6 +1196,11 @@ pub fn precondition_not_after(open: Open) {
 pub fn preconditions_combined_report_first_failing_index(open: Open) {
     let (f, p) = seeded(open, "combined");
     let s = &*f.store;
+    if !s.evaluates_deadlines() {
+        // Every batch here carries a deadline but one; the order of key guards alone is
+        // checked by the other precondition cases and the model test.
+        return;
+    }
     let now = f.clock.now_ms();
     let ok = || {
         Batch::new()
@@ -1289,6 +1327,10 @@ pub fn failed_precondition_changes_nothing(open: Open) {
         ),
     ];
     for (batch, expected) in cases {
+        if !s.evaluates_deadlines() && has_deadline(&batch) {
+            expect_deadline_refused(s, &p, batch);
+            continue;
+        }
         assert_eq!(s.apply(&p, &batch).unwrap(), expected, "{batch:?}");
         assert_eq!(snapshot(s), before, "{batch:?} changed something");
     }
@@ -1324,13 +1366,17 @@ pub fn failed_batch_on_new_partition_creates_nothing(open: Open) {
         .unwrap(),
         Outcome::PreconditionFailed { index: 0 }
     );
-    assert_eq!(
-        s.apply(&p, &Batch::new().not_after(now - 1).put(b("a"), b("1")))
-            .unwrap(),
-        Outcome::DeadlinePassed { now_ms: now }
+    expect_outcome(
+        s,
+        &p,
+        Batch::new().not_after(now - 1).put(b("a"), b("1")),
+        Outcome::DeadlinePassed { now_ms: now },
     );
     assert_too_large(
-        s.apply(&p, &Batch::new().put(vec![b'k'; MAX_KEY_BYTES + 1], b("1"))),
+        s.apply(
+            &p,
+            &Batch::new().put(vec![b'k'; s.limits().max_key_bytes + 1], b("1")),
+        ),
         "oversize key on a new partition",
     );
     assert_invalid(
@@ -1479,10 +1525,12 @@ pub fn empty_batch_commits(open: Open) {
     let s = &*f.store;
     let before = snapshot(s);
     commit(s, &p, Batch::new());
-    commit(
+    commit(s, &p, Batch::new().present(b("k")));
+    expect_outcome(
         s,
         &p,
         Batch::new().present(b("k")).not_after(f.clock.now_ms()),
+        Outcome::Committed,
     );
     assert_eq!(snapshot(s), before);
 }
@@ -1885,9 +1933,11 @@ pub fn key_size_limit(open: Open) {
     assert_eq!(MAX_KEY_BYTES, 1024);
     let f = fresh(open);
     let s = &*f.store;
+    let limit = s.limits().max_key_bytes;
+    assert!((64..=MAX_KEY_BYTES).contains(&limit), "key limit {limit}");
     let p = part("keys");
-    let max = vec![b'a'; MAX_KEY_BYTES];
-    let over = vec![b'a'; MAX_KEY_BYTES + 1];
+    let max = vec![b'a'; limit];
+    let over = vec![b'a'; limit + 1];
     commit(
         s,
         &p,
@@ -1957,7 +2007,7 @@ pub fn reads_with_invalid_keys_are_refused(open: Open) {
     let s = &*f.store;
     let p = part("read-keys");
     put_all(s, &p, &[(b("a"), b("1"))]);
-    let long = vec![b'k'; MAX_KEY_BYTES + 1];
+    let long = vec![b'k'; s.limits().max_key_bytes + 1];
     assert!(matches!(s.get(&p, b""), Err(Error::InvalidArgument(_))));
     assert!(matches!(s.get(&p, &long), Err(Error::TooLarge { .. })));
     let keys: [&[u8]; 2] = [b"a", b""];
@@ -2010,27 +2060,47 @@ pub fn empty_key_is_refused(open: Open) {
     assert_eq!(dump(s, &p), vec![(b("e"), Vec::new())]);
 }
 
-/// S1: a value of exactly `MAX_VALUE_BYTES` is accepted and read back whole; one byte more is
-/// refused with `TooLarge` (in a Put or an Equals guard) and changes nothing.
+/// S1/S11: a value of exactly the store's value limit is accepted and read back whole; one
+/// byte more is refused with `TooLarge` (in a Put or an Equals guard) and changes nothing.
 pub fn value_size_limit(open: Open) {
     assert_eq!(MAX_VALUE_BYTES, 16 << 20);
     let f = fresh(open);
     let s = &*f.store;
+    let limits = s.limits();
+    let limit = limits.max_value_bytes;
+    assert!(
+        (1024..=MAX_VALUE_BYTES).contains(&limit),
+        "value limit {limit}"
+    );
+    assert!(
+        limit + 3 <= limits.max_batch_bytes,
+        "a largest value fits in a batch"
+    );
     let p = part("values");
-    let mut max = vec![0x5au8; MAX_VALUE_BYTES];
+    let mut max = vec![0x5au8; limit];
     max[0] = 1;
-    max[MAX_VALUE_BYTES - 1] = 2;
+    max[limit - 1] = 2;
     commit(s, &p, Batch::new().put(b("big"), max.clone()));
     let got = s.get(&p, b"big").unwrap().expect("big value present");
-    assert!(got == max, "16 MiB value read back changed");
+    assert!(got == max, "a value of the limit read back changed");
     drop(got);
-    commit(
-        s,
-        &p,
-        Batch::new()
-            .equals(b("big"), max.clone())
-            .put(b("small"), b("1")),
-    );
+    if 2 * limit + 3 + 6 <= limits.max_batch_bytes {
+        commit(
+            s,
+            &p,
+            Batch::new()
+                .equals(b("big"), max.clone())
+                .put(b("small"), b("1")),
+        );
+    } else {
+        commit(
+            s,
+            &p,
+            Batch::new()
+                .equals(b("big"), max.clone())
+                .delete(b("small")),
+        );
+    }
     let before = snapshot(s);
     let mut over = max.clone();
     over.push(3);
@@ -2049,39 +2119,137 @@ pub fn value_size_limit(open: Open) {
     }
 }
 
-/// S1: a batch larger than `MAX_BATCH_BYTES` (keys plus values) is refused with `TooLarge` even
-/// though every value is within its own limit, and changes nothing; a batch of exactly
-/// `MAX_BATCH_BYTES` commits.
+/// Puts whose keys (3 bytes each) and values add up to exactly `total` bytes, no value above
+/// `max_value`.
+fn batch_of_bytes(total: usize, max_value: usize) -> Batch {
+    let n = total.div_ceil(max_value + 3);
+    assert!(n < 100);
+    let mut batch = Batch::new();
+    let mut left = total;
+    for i in 0..n {
+        let share = left.div_ceil(n - i);
+        left -= share;
+        batch = batch.put(format!("k{i:02}").into_bytes(), vec![9u8; share - 3]);
+    }
+    batch
+}
+
+/// S1/S11: a batch larger than the store's batch limit (keys plus values) is refused with
+/// `TooLarge` even though every value is within its own limit, and changes nothing; a batch of
+/// exactly the limit commits.
 pub fn batch_size_limit(open: Open) {
     assert_eq!(MAX_BATCH_BYTES, 64 << 20);
     let f = fresh(open);
     let s = &*f.store;
+    let limits = s.limits();
+    assert!(limits.max_batch_bytes <= MAX_BATCH_BYTES);
     let p = part("batches");
     put_all(s, &p, &[(b("a"), b("1"))]);
     let before = snapshot(s);
-    // Four values of exactly the value limit plus their keys: just over 64 MiB.
-    let value = vec![7u8; MAX_VALUE_BYTES];
-    let mut batch = Batch::new();
-    for k in ["k1", "k2", "k3", "k4"] {
-        batch = batch.put(b(k), value.clone());
-    }
-    drop(value);
+    // Exactly the limit, plus one more byte: a 1-byte key with an empty value.
+    let batch = batch_of_bytes(limits.max_batch_bytes, limits.max_value_bytes).put(b("z"), b(""));
     let result = s.apply(&p, &batch);
     assert_eq!(result.as_ref().map_err(Error::code).err(), Some(2));
     assert_too_large(result, "batch over the limit");
     drop(batch);
     assert_eq!(snapshot(s), before);
 
-    // Exactly at the limit is accepted: four 2-byte keys and values two bytes under 16 MiB.
-    let value = vec![9u8; MAX_VALUE_BYTES - 2];
-    let mut batch = Batch::new();
-    for k in ["k1", "k2", "k3", "k4"] {
-        batch = batch.put(b(k), value.clone());
-    }
-    drop(value);
+    // Exactly at the limit is accepted.
+    let batch = batch_of_bytes(limits.max_batch_bytes, limits.max_value_bytes);
+    let last = batch.ops().len() - 1;
     commit(s, &p, batch);
-    let got = s.get(&p, b"k4").unwrap().expect("k4 present");
-    assert_eq!(got.len(), MAX_VALUE_BYTES - 2);
+    let got = s
+        .get(&p, format!("k{last:02}").as_bytes())
+        .unwrap()
+        .expect("last key present");
+    assert!(!got.is_empty());
+}
+
+/// S11: a store that limits how many operations (and preconditions) a batch carries accepts a
+/// batch of exactly that many, refuses one more with `TooLarge` and changes nothing; never
+/// splits. A batch at the limit whose puts fall inside its own range delete commits whole.
+pub fn batch_count_limits(open: Open) {
+    let f = fresh(open);
+    let s = &*f.store;
+    let limits = s.limits();
+    if limits.max_batch_ops >= 10_000 {
+        // No count limit worth probing (the file-backed and in-memory stores have none).
+        assert_eq!(limits.max_batch_ops, StoreLimits::DEFAULT.max_batch_ops);
+        return;
+    }
+    let max = limits.max_batch_ops;
+    assert!(max >= 8, "a count limit of {max} is too small to be useful");
+    let p = part("counts");
+    let key = |i: usize| format!("c{i:04}").into_bytes();
+    let puts = |n: usize| (0..n).fold(Batch::new(), |acc, i| acc.put(key(i), b("1")));
+    let guards = |n: usize| (0..n).fold(Batch::new(), |acc, i| acc.present(key(i)));
+    commit(s, &p, puts(max));
+    let before = snapshot(s);
+    for batch in [puts(max + 1), guards(max + 1).put(b("x"), b("1"))] {
+        let result = s.apply(&p, &batch);
+        assert_eq!(result.as_ref().map_err(Error::code).err(), Some(2));
+        assert_too_large(result, "too many operations or preconditions");
+        assert_eq!(snapshot(s), before, "a refused batch changed something");
+    }
+    // Exactly the limit of each, with every put inside the batch's own range delete.
+    let batch = (1..max).fold(guards(max).delete_range(KeyRange::all()), |acc, i| {
+        acc.put(key(i), b("2"))
+    });
+    commit(s, &p, batch);
+    let mut expected: Rows = (1..max).map(|i| (key(i), b("2"))).collect();
+    assert_eq!(dump(s, &p), expected);
+    // Deletes and puts of the same keys in one batch: the last one wins.
+    let batch = (0..max / 2).fold(Batch::new(), |acc, i| {
+        acc.put(key(i), b("3")).delete(key(i + 1))
+    });
+    commit(s, &p, batch);
+    // Key i < max/2 is put after any delete of it; key max/2 is deleted last.
+    expected = (0..max)
+        .filter_map(|i| match i {
+            i if i < max / 2 => Some((key(i), b("3"))),
+            i if i == max / 2 => None,
+            i => Some((key(i), b("2"))),
+        })
+        .collect();
+    assert_eq!(dump(s, &p), expected);
+}
+
+/// S11: a store that does not evaluate `NotAfter` on its own clock says so and refuses every
+/// batch that carries one, whatever the deadline, wherever it stands among the guards, on an
+/// existing or a new partition, with `InvalidArgument`; nothing changes.
+pub fn deadlines_refused_when_not_evaluated(open: Open) {
+    let (f, p) = seeded(open, "no-deadlines");
+    let s = &*f.store;
+    if s.evaluates_deadlines() {
+        // See `precondition_not_after`.
+        return;
+    }
+    let now = f.clock.now_ms();
+    for deadline in [0, now - 1, now, now + 1, u64::MAX] {
+        expect_deadline_refused(s, &p, Batch::new().not_after(deadline).put(b("a"), b("1")));
+        expect_deadline_refused(
+            s,
+            &p,
+            Batch::new()
+                .present(b("k"))
+                .not_after(deadline)
+                .delete(b("k")),
+        );
+        // Refused even when an earlier guard fails: the refusal is about the batch's shape.
+        expect_deadline_refused(s, &p, Batch::new().absent(b("k")).not_after(deadline));
+        expect_deadline_refused(
+            s,
+            &part("no-deadlines-new"),
+            Batch::new().not_after(deadline),
+        );
+    }
+    assert_eq!(
+        s.list_partitions(b"no-deadlines-new").unwrap(),
+        Vec::<Partition>::new()
+    );
+    // The same batches without the deadline commit.
+    commit(s, &p, Batch::new().present(b("k")).delete(b("k")));
+    assert_eq!(s.get(&p, b"k").unwrap(), None);
 }
 
 /// Partition names are 1 to 255 bytes; `Partition::new` refuses others with `InvalidArgument`.
@@ -2190,6 +2358,13 @@ pub fn error_codes_are_stable(open: Open) {
             11,
         ),
         (Error::UnknownEntity("e".into()), 12),
+        (
+            Error::OutcomeUnknown {
+                partition: "p".into(),
+                detail: "d".into(),
+            },
+            14,
+        ),
     ];
     for (e, code) in &all {
         assert_eq!(e.code(), *code, "{e:?}");

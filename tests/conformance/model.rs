@@ -15,22 +15,23 @@ use portcullis::{Clock, Error, ManualClock};
 use super::{Open, START_MS};
 
 /// Adds the model test for the backend opened by `$open`: 256 cases by default (or
-/// `PROPTEST_CASES`), and an `#[ignore]`d long run of 4096 cases.
+/// `PROPTEST_CASES`), and an `#[ignore]`d long run of 4096 cases; or `$cases` and `$long_cases`
+/// when given (a slower backend runs fewer).
 #[macro_export]
 macro_rules! store_model_tests {
     ($open:expr) => {
+        $crate::store_model_tests!($open, $crate::conformance::model::default_cases(), 4096);
+    };
+    ($open:expr, $cases:expr, $long_cases:expr) => {
         #[test]
         fn model_random_batches_and_scans() {
-            $crate::conformance::model::run_model(
-                $open,
-                $crate::conformance::model::default_cases(),
-            )
+            $crate::conformance::model::run_model($open, $cases)
         }
 
         #[test]
         #[ignore = "long run; use --ignored"]
         fn model_random_batches_and_scans_long() {
-            $crate::conformance::model::run_model($open, 4096)
+            $crate::conformance::model::run_model($open, $long_cases)
         }
     };
 }
@@ -273,6 +274,17 @@ impl Run<'_> {
             prop_assert!(
                 matches!(got, Err(Error::InvalidArgument(_))),
                 "expected InvalidArgument for {:?}, got {:?}",
+                batch,
+                got
+            );
+            return Ok(());
+        }
+        // SPEC S11: a store without server-side deadlines refuses any batch carrying one.
+        let deadline = guards.iter().any(|g| matches!(g, G::NotAfter(_)));
+        if deadline && !self.store.evaluates_deadlines() {
+            prop_assert!(
+                matches!(got, Err(Error::InvalidArgument(_))),
+                "expected InvalidArgument for a deadline in {:?}, got {:?}",
                 batch,
                 got
             );

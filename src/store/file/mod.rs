@@ -15,8 +15,10 @@ mod container;
 mod fault;
 mod format;
 mod journal;
+mod overlay;
 mod partition;
 mod recovery;
+mod verify;
 mod vfs;
 
 use std::collections::HashMap;
@@ -32,6 +34,7 @@ pub use compaction::CompactionReport;
 pub use fault::{FailMode, FaultFs};
 pub use journal::SyncPolicy;
 pub use recovery::{DamagedRecord, TornTail};
+pub(crate) use verify::{FileCheck, FileState, check_unopened};
 pub use vfs::{OpenMode, OsFs, PathKind, Vfs, VfsFile, VfsLock};
 
 use self::format::{Loc, MAX_BODY_LEN, RecordKind, ValueLoc};
@@ -39,8 +42,8 @@ use self::journal::Journal;
 use self::partition::{CommitState, IndexOp, Load, Lookup, PartState, Pending, PendingOp};
 use self::recovery::Damage;
 use super::{
-    Batch, Cursor, KeyRange, Op, Outcome, Partition, ScanPage, Store, StoreStats, check_guards,
-    check_key, check_limit,
+    Batch, Cursor, KeyRange, Op, Outcome, Partition, ScanPage, Store, StoreLimits, StoreStats,
+    check_guards, check_key, check_limit,
 };
 use crate::clock::{SharedClock, SystemClock};
 use crate::error::{Error, Result};
@@ -890,7 +893,7 @@ impl Store for FileStore {
     fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {
         let inner = &self.inner;
         inner.check_open()?;
-        batch.validate()?;
+        batch.validate_within(&self.limits())?;
         if let Some(reason) = inner.journal.failed() {
             return Err(Error::SyncFailed(reason));
         }
@@ -991,6 +994,16 @@ impl Store for FileStore {
 
     fn now_ms(&self) -> u64 {
         self.inner.config.clock.now_ms()
+    }
+
+    /// SPEC S1's limits, with no limit on the number of operations (SPEC S11).
+    fn limits(&self) -> StoreLimits {
+        StoreLimits::DEFAULT
+    }
+
+    /// `NotAfter` is checked against the store's clock inside the commit step (SPEC S2).
+    fn evaluates_deadlines(&self) -> bool {
+        true
     }
 
     fn stats(&self) -> StoreStats {

@@ -1,0 +1,296 @@
+//! `portcullis-inspect` on healthy and damaged stores (SPEC E5): it reports what the store
+//! holds, finds every kind of damage that `tests/corruption.rs` makes, refuses a store another
+//! process has open, and never changes a byte of the directory.
+
+#[path = "../../tests/common/layout.rs"]
+#[allow(dead_code)]
+mod layout;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use portcullis::store::{Batch, FileStore, Partition, Store};
+use portcullis::typed::{Typed, TypedMachine};
+use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection};
+
+struct Count;
+
+impl TypedMachine for Count {
+    type Record = String;
+    type State = u64;
+    fn fresh(&self, _: &EntityId) -> u64 {
+        0
+    }
+    fn apply(&self, n: &mut u64, _: &ApplyContext<'_>, _: String) -> Result<(), Rejection> {
+        *n += 1;
+        Ok(())
+    }
+}
+
+/// Runs the tool; returns its exit code and what it printed.
+fn inspect(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_portcullis-inspect"))
+        .args(args)
+        .output()
+        .expect("the tool runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().expect("an exit code"), text)
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Every file under `dir` with its bytes and permissions.
+fn image(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                files.insert(p.clone(), b"<dir>".to_vec());
+                dirs.push(p);
+            } else {
+                files.insert(p.clone(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    files
+}
+
+fn room(i: usize) -> EntityId {
+    EntityId::new("chat", format!("room-{i}")).unwrap()
+}
+
+/// A store written through an engine: five rooms with history, a checkpoint, an epoch bump and
+/// leases, a plain partition; small segments so the journal spans several. Closed cleanly, so a
+/// snapshot covers everything and open reads no record.
+fn healthy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::builder(Typed(Count))
+        .directory(dir.path())
+        .file_store(|s| {
+            s.segment_bytes(4096)
+                .snapshot_every_bytes(1 << 40)
+                .auto_compact(false)
+        })
+        .register_on_first_write(true)
+        .pool_threads(1)
+        .open()
+        .unwrap();
+    for i in 0..5 {
+        for m in 0..20 {
+            engine
+                .append_typed(&room(i), &[format!("message {m} of a long enough text")])
+                .unwrap();
+        }
+    }
+    engine.checkpoint(&room(0)).unwrap();
+    let chat = Namespace::new("chat").unwrap();
+    engine.bump_epoch(&chat, 1).unwrap();
+    // Serve the namespace again under the new epoch (SPEC F11).
+    engine.release_namespace(&chat).unwrap();
+    assert_eq!(engine.own(&chat).unwrap(), 1);
+    engine.append_typed(&room(1), &["after".into()]).unwrap();
+    engine.close().unwrap();
+    let store = FileStore::open(dir.path()).unwrap();
+    let plain = Partition::new("plain").unwrap();
+    assert!(
+        store
+            .apply(&plain, &Batch::new().put(b"k".to_vec(), b"v".to_vec()))
+            .unwrap()
+            .is_committed()
+    );
+    store.close().unwrap();
+    dir
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut segs: Vec<PathBuf> = std::fs::read_dir(dir.join("journal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    segs.sort();
+    segs
+}
+
+fn damage(file: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+    let mut bytes = std::fs::read(file).unwrap();
+    f(&mut bytes);
+    std::fs::write(file, bytes).unwrap();
+}
+
+/// Runs the summary and `verify`, checks neither changed the directory, and returns verify's
+/// exit code and output.
+fn verify_unchanged(dir: &Path) -> (i32, String) {
+    let before = image(dir);
+    let (code, summary) = inspect(&[path(dir)]);
+    assert!(code == 0 || code == 2, "{summary}");
+    let verified = inspect(&["verify", path(dir)]);
+    assert_eq!(image(dir), before, "inspecting changed the directory");
+    verified
+}
+
+#[test]
+fn e5_a_healthy_store_is_described_and_verifies_clean() {
+    let dir = healthy();
+    let before = image(dir.path());
+    let (code, out) = inspect(&[path(dir.path())]);
+    assert_eq!(code, 0, "{out}");
+    for expected in [
+        "MANIFEST",
+        "journal/0000000001.seg",
+        "partitions: 8", // five rooms, the coordinator, the engine's own, and `plain`
+        "entities: 5",
+        "chat/room-0: records 1..21 (20 retained), checkpoint at 20",
+        "chat/room-1: records 1..22 (21 retained), no checkpoint",
+        "registered by incarnation 1",
+        "lease epoch 1",
+        "epoch 1, 5 leased shards",
+        "authority generation 0",
+        "incarnation 1 closed cleanly",
+        "journal after the snapshot: 0 records",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+    let (code, out) = inspect(&["verify", path(dir.path())]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("no damage found"), "{out}");
+    assert!(
+        out.contains("5 entity digest chains, 1 checkpoints"),
+        "{out}"
+    );
+    assert_eq!(
+        image(dir.path()),
+        before,
+        "inspecting changed the directory"
+    );
+}
+
+/// A flipped byte in a record that the snapshot covers: open does not read it, so only
+/// `verify`'s full walk (and a later load of its partition) can find it.
+#[test]
+fn e5_verify_finds_a_flipped_byte_in_snapshotted_history() {
+    let dir = healthy();
+    let first = segments(dir.path()).remove(0);
+    let bytes = std::fs::read(&first).unwrap();
+    let victim = layout::records(&bytes)[2];
+    damage(&first, |b| b[victim.offset + layout::FRAME_LEN + 3] ^= 0x40);
+    let (code, out) = verify_unchanged(dir.path());
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "journal segment 1 offset {}: a damaged record",
+            victim.offset
+        )),
+        "{out}"
+    );
+}
+
+#[test]
+fn e5_verify_finds_a_torn_tail() {
+    let dir = healthy();
+    let last = segments(dir.path()).pop().unwrap();
+    let len = std::fs::metadata(&last).unwrap().len();
+    let bytes = std::fs::read(&last).unwrap();
+    let tail = *layout::records(&bytes).last().unwrap();
+    // Cut the last record short, as a crash during its write would.
+    damage(&last, |b| b.truncate(tail.offset + layout::FRAME_LEN + 1));
+    assert!(std::fs::metadata(&last).unwrap().len() < len);
+    let (code, out) = verify_unchanged(dir.path());
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("torn tail of"), "{out}");
+}
+
+#[test]
+fn e5_verify_finds_a_removed_manifest_or_snapshot() {
+    for remove_manifest in [true, false] {
+        let dir = healthy();
+        let victim = if remove_manifest {
+            dir.path().join("MANIFEST")
+        } else {
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.is_file() && !p.ends_with("MANIFEST") && !p.ends_with("LOCK"))
+                .expect("a snapshot file")
+        };
+        std::fs::remove_file(&victim).unwrap();
+        let (code, out) = verify_unchanged(dir.path());
+        assert_eq!(code, 1, "{out}");
+        let expected = if remove_manifest {
+            "MANIFEST: missing"
+        } else {
+            "the snapshot the manifest names is missing"
+        };
+        assert!(out.contains(expected), "{out}");
+    }
+}
+
+#[test]
+fn e5_verify_finds_a_damaged_header_of_the_newest_segment() {
+    let dir = healthy();
+    let last = segments(dir.path()).pop().unwrap();
+    damage(&last, |b| b[13] ^= 0xff);
+    let (code, out) = verify_unchanged(dir.path());
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("bad header"), "{out}");
+}
+
+#[test]
+fn e5_a_future_format_version_is_refused_without_changes() {
+    let dir = healthy();
+    let first = segments(dir.path()).remove(0);
+    damage(&first, |b| layout::set_segment_version(b, 99));
+    let before = image(dir.path());
+    let (code, out) = inspect(&["verify", path(dir.path())]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("format version 99"), "{out}");
+    assert_eq!(image(dir.path()), before);
+}
+
+/// History rewritten below the log with valid store checksums: only the digest chain (SPEC L4)
+/// can tell. Record 2 of room-3 is replaced by a copy of record 1.
+#[test]
+fn l4_verify_finds_a_broken_digest_chain() {
+    let dir = healthy();
+    let store = FileStore::open(dir.path()).unwrap();
+    let p = room(3).partition();
+    let first = portcullis::log::keys::record_key(1);
+    let copy = store.get(&p, &first).unwrap().unwrap();
+    let batch = Batch::new().put(portcullis::log::keys::record_key(2), copy);
+    assert!(store.apply(&p, &batch).unwrap().is_committed());
+    store.close().unwrap();
+    let (code, out) = verify_unchanged(dir.path());
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("entity chat/room-3:"), "{out}");
+    assert!(!out.contains("room-2"), "only the rewritten entity: {out}");
+}
+
+#[test]
+fn s6_a_store_open_in_another_handle_is_refused_and_bad_paths_are_named() {
+    let dir = healthy();
+    let store = FileStore::open(dir.path()).unwrap();
+    let (code, out) = inspect(&["verify", path(dir.path())]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("locked"), "{out}");
+    store.close().unwrap();
+    assert_eq!(inspect(&["verify", path(dir.path())]).0, 0);
+
+    let file = dir.path().join("MANIFEST");
+    let (code, out) = inspect(&[path(&file)]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("not a directory"), "{out}");
+    let (code, out) = inspect(&[path(&dir.path().join("nowhere"))]);
+    assert_eq!(code, 2, "{out}");
+    let (code, out) = inspect(&[]);
+    assert_eq!(code, 2);
+    assert!(out.contains("usage"), "{out}");
+}
