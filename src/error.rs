@@ -81,9 +81,11 @@ pub enum Error {
     #[error("the store is closed; open it again")]
     Closed,
 
-    /// A write planned under an epoch older than the current lease was refused (SPEC F3).
+    /// A write planned under an epoch older than the current lease was refused (SPEC F3):
+    /// the namespace has a new owner. The deposed owner must stop serving it (SPEC F11);
+    /// re-planning under the current epoch would take it back from its new owner.
     #[error(
-        "fenced: the write was planned under epoch {grant}, but the lease is at epoch {current}; re-plan under the current epoch"
+        "fenced: the write was planned under epoch {grant}, but the namespace is now at epoch {current} under a new owner; stop serving this namespace (do not retry under the new epoch, which would take it back from its new owner)"
     )]
     Fenced {
         /// The epoch the write was planned under.

@@ -484,18 +484,25 @@ fn f4_a_slice_is_bounded_by_pages_pushes_and_time() {
         assert!(after.scans - before.scans <= 8);
         assert!(matches!(progress, RevokeProgress::Pending { remaining } if remaining >= 1));
 
-        // A spent time budget pushes nothing.
+        // A time budget spent during the first push allows no second one (the first push of a
+        // slice is always made, so every slice makes progress).
         let before = env.fence.stats();
-        let progress = env
-            .fence
-            .revoke_step(&ns, RevokeBudget::default().with_time_ms(0))
-            .unwrap();
-        assert_eq!(env.fence.stats().pushes, before.pushes);
+        let gate = env.hooks.arm(HookPoint::PushBeforeAck);
+        let fence = env.fence.clone();
+        let ns2 = ns.clone();
+        let slice = thread::spawn(move || {
+            fence.revoke_step(&ns2, RevokeBudget::default().with_time_ms(10))
+        });
+        gate.wait_reached();
+        env.clock.advance(10);
+        gate.release();
+        let progress = slice.join().unwrap().unwrap();
+        assert_eq!(env.fence.stats().pushes - before.pushes, 1);
         assert!(matches!(progress, RevokeProgress::Pending { .. }));
 
         // Rows already acknowledged only cost scanning: at most 8 pages of 4.
         let slices = revoke_to_complete(env, 100);
-        assert_eq!(slices, 9, "36 remaining pushes at 4 per slice");
+        assert_eq!(slices, 9, "35 remaining pushes at 4 per slice");
     });
 }
 
@@ -575,40 +582,60 @@ fn checkpoint(env: &Env) -> portcullis::fence::CheckpointRow {
     decode_row("checkpoint", &raw).unwrap()
 }
 
+/// SPEC F4: the checkpoint advances only over a prefix of complete rows. Here the middle row
+/// of three stays incomplete (its push meets a racing renewal) while the row after it is
+/// acknowledged: the cursor must stop before the incomplete row, and the next slice must
+/// resume there, finish it, and end with the cursor at `Done`.
 #[test]
 fn f4_checkpoint_advances_only_over_a_complete_prefix() {
     each_backend(|env| {
         let ns = env.ns();
         lease_many(env, 3);
-        env.fence.bump_epoch(&ns, 1).unwrap();
-        // e0001's push meets a racing renewal (a longer expiry): it is not acknowledged.
-        let gate = env.hooks.arm(HookPoint::PushBeforeAck);
-        let fence = env.fence.clone();
-        let ns2 = ns.clone();
-        let slice = thread::spawn(move || {
-            fence.revoke_step(&ns2, RevokeBudget::default().with_max_pushes(1))
-        });
-        gate.wait_reached();
-        gate.release();
-        let _ = slice.join().unwrap().unwrap();
-        // Slice 1 pushed e0000 only.
-        assert_eq!(
-            checkpoint(env).cursor,
-            ScanPosition::After(env.fence.keys().shard(&env.entity("e0000")))
+        let (e0, e1, e2) = (
+            env.entity("e0000"),
+            env.entity("e0001"),
+            env.entity("e0002"),
         );
-        let e1 = env.entity("e0001");
-        env.clock.advance(25_000); // e0001's lease is no longer usable: the next write renews
-        let renew_gate = env.hooks.arm(HookPoint::PushBeforeLeaseWrite);
+        env.fence.bump_epoch(&ns, 1).unwrap();
+        // 25 s on: every lease is still live, but short enough that a write renews it.
+        env.clock.advance(25_000);
+        let gate = env.hooks.arm_for(HookPoint::PushBeforeLeaseRead, &e1);
         let fence = env.fence.clone();
         let ns2 = ns.clone();
         let slice = thread::spawn(move || fence.revoke_step(&ns2, RevokeBudget::default()));
-        renew_gate.wait_reached();
+        gate.wait_reached();
+        // e0001 renews at epoch 1 with a longer expiry: the push that read the older row must
+        // not acknowledge it.
         committed(env.fence.write(&e1, 1, put("renew")).unwrap());
-        renew_gate.release();
+        gate.release();
         let progress = slice.join().unwrap().unwrap();
-        // e0001 retried and was acknowledged; the cursor passed only what is complete.
+        assert!(matches!(progress, RevokeProgress::Pending { remaining } if remaining >= 1));
+        assert_eq!(env.shard_row(&e0).unwrap().acked_epoch, 1);
+        assert_eq!(
+            env.shard_row(&e1).unwrap().acked_epoch,
+            0,
+            "not acknowledged"
+        );
+        assert_eq!(
+            env.shard_row(&e2).unwrap().acked_epoch,
+            1,
+            "complete, after e0001"
+        );
+        assert_eq!(
+            checkpoint(env).cursor,
+            ScanPosition::After(env.fence.keys().shard(&e0)),
+            "the cursor stops before the incomplete row"
+        );
+
+        // The next slice resumes at e0001, pushes it, and passes e0002 without a push.
+        let before = env.fence.stats();
+        assert_eq!(
+            env.fence.revoke_step(&ns, RevokeBudget::default()).unwrap(),
+            RevokeProgress::Complete
+        );
+        assert_eq!(env.fence.stats().pushes - before.pushes, 1);
         assert_eq!(env.shard_row(&e1).unwrap().acked_epoch, 1);
-        assert_eq!(progress, RevokeProgress::Complete);
+        assert_eq!(checkpoint(env).cursor, ScanPosition::Done);
     });
 }
 
@@ -639,25 +666,27 @@ fn f5_no_complete_if_the_epoch_changed_during_the_slice() {
 fn f5_complete_needs_every_row_acknowledged_or_expired() {
     each_backend(|env| {
         let ns = env.ns();
-        lease_many(env, 2);
+        lease_many(env, 3);
         env.fence.bump_epoch(&ns, 1).unwrap();
-        // No pushes allowed: rows stay unacknowledged and live.
-        for _ in 0..5 {
-            let p = env
-                .fence
-                .revoke_step(&ns, RevokeBudget::default().with_max_pushes(0))
-                .unwrap();
-            assert!(matches!(p, RevokeProgress::Pending { remaining } if remaining >= 1));
-        }
-        // Once both rows have expired, completion needs no push.
+        // One push per slice: two rows stay unacknowledged and live.
+        let p = env
+            .fence
+            .revoke_step(&ns, RevokeBudget::default().with_max_pushes(1))
+            .unwrap();
+        assert!(
+            matches!(p, RevokeProgress::Pending { remaining } if remaining >= 2),
+            "{p:?}"
+        );
+        assert_eq!(env.fence.stats().pushes, 1);
+        // Once the other rows have expired, completion needs no push.
         env.clock.advance(30_000);
         assert_eq!(
             env.fence
-                .revoke_step(&ns, RevokeBudget::default().with_max_pushes(0))
+                .revoke_step(&ns, RevokeBudget::default().with_max_pushes(1))
                 .unwrap(),
             RevokeProgress::Complete
         );
-        assert_eq!(env.fence.stats().pushes, 0);
+        assert_eq!(env.fence.stats().pushes, 1);
     });
 }
 
@@ -991,5 +1020,90 @@ fn gated_revocation_is_stuck_only_while_paused() {
         gate.release();
         assert_eq!(slice.join().unwrap().unwrap(), RevokeProgress::Complete);
         let _ = GuardSwitches::default();
+    });
+}
+
+// ---------------------------------------------------------------- error messages (E1)
+
+/// A deposed owner must learn to stop serving the namespace: re-planning under the current
+/// epoch would silently take the shard back from its new owner.
+#[test]
+fn fenced_error_tells_a_deposed_owner_to_stop_serving() {
+    each_backend(|env| {
+        let (ns, e) = (env.ns(), env.entity("a"));
+        committed(env.fence.write(&e, 0, put("k")).unwrap());
+        env.fence.bump_epoch(&ns, 1).unwrap();
+        revoke_to_complete(env, 10);
+        let err = env.fence.write(&e, 0, put("stale")).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Fenced {
+                    grant: 0,
+                    current: 1
+                }
+            ),
+            "{err}"
+        );
+        let message = err.to_string();
+        assert!(message.contains("stop serving"), "{message}");
+        assert!(message.contains("new owner"), "{message}");
+        assert!(!message.contains("re-plan"), "{message}");
+    });
+}
+
+// ---------------------------------------------------------------- budgets (F4, F5)
+
+/// A zero time or push budget must not silently mean "never push": it is clamped to the least
+/// that makes progress, one push per slice.
+#[test]
+fn f4_a_zero_budget_still_makes_progress() {
+    for budget in [
+        RevokeBudget::default().with_time_ms(0),
+        RevokeBudget::default().with_max_pushes(0),
+        RevokeBudget::default().with_time_ms(0).with_max_pushes(0),
+    ] {
+        each_backend(|env| {
+            let ns = env.ns();
+            lease_many(env, 3);
+            env.fence.bump_epoch(&ns, 1).unwrap();
+            let mut slices = 0;
+            while env.fence.revoke_step(&ns, budget).unwrap() != RevokeProgress::Complete {
+                slices += 1;
+                assert!(slices <= 10, "{budget:?} never completes on {}", env.name);
+            }
+            assert_eq!(env.fence.stats().pushes, 3, "{budget:?}");
+        });
+    }
+    assert_eq!(RevokeBudget::default().with_max_pushes(0).max_pushes(), 1);
+    assert!(RevokeBudget::default().with_time_ms(0).time_ms() >= 1);
+}
+
+/// A row acknowledged at an epoch above the current one (a coordinator restored from an older
+/// copy) vouches for nothing at the current epoch: it is outstanding, and is pushed.
+#[test]
+fn f5_a_row_acknowledged_above_the_current_epoch_is_outstanding() {
+    each_backend(|env| {
+        let (ns, e) = (env.ns(), env.entity("a"));
+        committed(env.fence.write(&e, 0, put("k")).unwrap());
+        let mut row = env.shard_row(&e).unwrap();
+        row.acked_epoch = 5;
+        let coordinator = ns.coordinator_partition();
+        let outcome = env
+            .store
+            .apply(
+                &coordinator,
+                &Batch::new().put(env.fence.keys().shard(&e), encode_row(&row)),
+            )
+            .unwrap();
+        assert!(outcome.is_committed());
+        env.fence.bump_epoch(&ns, 1).unwrap();
+        revoke_to_complete(env, 10);
+        assert!(!env.lease_usable_below(&e, 1), "{:?}", env.lease(&e));
+        assert_eq!(env.fence.stats().pushes, 1);
+        assert!(matches!(
+            env.fence.write(&e, 0, put("stale")),
+            Err(Error::Fenced { .. })
+        ));
     });
 }

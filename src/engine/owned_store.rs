@@ -56,7 +56,7 @@ impl OwnedStore {
         }
         match self
             .fence
-            .write_with(entity, holding.grant, |_| Some(batch.clone()))
+            .write_engine_rows_with(entity, holding.grant, |_| Some(batch.clone()))
         {
             Ok(WriteOutcome::Committed { .. }) => Ok(Outcome::Committed),
             Ok(WriteOutcome::PreconditionFailed { index }) => {

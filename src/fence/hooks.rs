@@ -1,13 +1,15 @@
 //! Test-only fault hooks and guard switches.
 //!
-//! Hidden from the documentation: tests use them to pause a step at a named point (with
-//! barriers or channels, never sleeps) and to remove one guard at a time, so negative controls
-//! can show that the checks would catch a broken protocol. With the defaults nothing changes.
+//! Public only with the cargo feature `test-hooks` (the crate's own tests enable it); without
+//! it the fence never calls a hook and every guard is in place. Tests use them to pause a step
+//! at a named point (with barriers or channels, never sleeps) and to remove one guard at a
+//! time, so negative controls can show that the checks would catch a broken protocol. With the
+//! defaults nothing changes.
 
+#[cfg(feature = "test-hooks")]
 use crate::entity::EntityId;
 
 /// A named point in the protocol where a test may pause or observe.
-#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HookPoint {
     /// A write has planned its batch and is about to apply it to the entity.
@@ -29,24 +31,24 @@ pub enum HookPoint {
 }
 
 /// Called by the fence at every [`HookPoint`]. The default does nothing.
-#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 pub trait FenceHooks: Send + Sync + std::fmt::Debug {
     /// The fence reached `point` (for `entity`, when one is involved).
     fn at(&self, point: HookPoint, entity: Option<&EntityId>);
 }
 
 /// Hooks that do nothing.
-#[doc(hidden)]
+#[cfg(feature = "test-hooks")]
 #[derive(Debug, Default)]
 pub struct NoHooks;
 
+#[cfg(feature = "test-hooks")]
 impl FenceHooks for NoHooks {
     fn at(&self, _point: HookPoint, _entity: Option<&EntityId>) {}
 }
 
 /// Switches that remove one guard each, for negative controls and teeth checks. Every field
 /// defaults to `false` (all guards in place). Never set them outside tests.
-#[doc(hidden)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GuardSwitches {
     /// Drop the `Equals` guard on the entity's lease from fenced writes (SPEC F3).

@@ -7,7 +7,8 @@
 //!
 //! One file per job: [`config`](FenceConfig) (parameters), `rows` (keys and encodings),
 //! `epoch` (F1), `write` (F2, F3), `revoke` (F4-F6), `driver` (F9, background), `sweep` (F9,
-//! sweeper), `stats` (store-call counters), `hooks` (test-only fault hooks).
+//! sweeper), `stats` (store-call counters), `hooks` (test-only fault hooks, behind the cargo
+//! feature `test-hooks`).
 //!
 //! Two clocks are involved: the planner's clock given to [`Fence::new`] (lease expiries,
 //! revocation hold-offs) and the store's own clock, against which `NotAfter` deadlines are
@@ -56,21 +57,29 @@ use crate::store::{Batch, Store};
 
 pub use config::{FenceConfig, FenceConfigBuilder};
 pub use driver::{DriverLimits, DriverReport, RevocationHandle};
-#[doc(hidden)]
-pub use hooks::{FenceHooks, GuardSwitches, HookPoint, NoHooks};
-#[doc(hidden)]
-pub use revoke::PendingAck;
 pub use revoke::{RevokeBudget, RevokeProgress};
 pub use rows::FenceKind;
-#[doc(hidden)]
-pub use rows::{CheckpointRow, Keys, LeaseRow, RecoveryRow, ScanPosition, ShardRow};
-#[doc(hidden)]
-pub use rows::{decode as decode_row, encode as encode_row};
 pub use stats::FenceStats;
 pub use sweep::SweepReport;
-#[doc(hidden)]
-pub use write::PlannedWrite;
 pub use write::{FenceGrant, WriteOutcome, WritePlan, write_under};
+
+// Test-only surface (cargo feature `test-hooks`, which the crate's own tests enable): pause
+// points, guard switches, the half-steps of a write and of a push, and the row codecs. Without
+// the feature none of it is public, and the hooks and switches compile to nothing.
+#[cfg(feature = "test-hooks")]
+pub use hooks::{FenceHooks, GuardSwitches, HookPoint, NoHooks};
+#[cfg(not(feature = "test-hooks"))]
+use hooks::{GuardSwitches, HookPoint};
+#[cfg(feature = "test-hooks")]
+pub use revoke::PendingAck;
+#[cfg(not(feature = "test-hooks"))]
+use rows::Keys;
+#[cfg(feature = "test-hooks")]
+pub use rows::{CheckpointRow, Keys, LeaseRow, RecoveryRow, ScanPosition, ShardRow};
+#[cfg(feature = "test-hooks")]
+pub use rows::{decode as decode_row, encode as encode_row};
+#[cfg(feature = "test-hooks")]
+pub use write::PlannedWrite;
 
 use stats::{CountedStore, Counters};
 
@@ -89,16 +98,18 @@ struct Inner {
     kind: FenceKind,
     keys: Keys,
     counters: Arc<Counters>,
+    #[cfg(feature = "test-hooks")]
     hooks: RwLock<Arc<dyn FenceHooks>>,
+    #[cfg(feature = "test-hooks")]
     switches: RwLock<GuardSwitches>,
     grant_seed: u64,
     grant_counter: AtomicU64,
-    /// Told before revocation pushes a lease to an entity (see [`Fence::set_push_observer`]).
+    /// Told before revocation pushes a lease to an entity (see `Fence::set_push_observer`).
     push_observer: RwLock<Option<PushObserver>>,
 }
 
 /// Called with an entity just before revocation pushes a lease to it.
-pub type PushObserver = Arc<dyn Fn(&crate::entity::EntityId) + Send + Sync>;
+pub(crate) type PushObserver = Arc<dyn Fn(&crate::entity::EntityId) + Send + Sync>;
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -148,7 +159,9 @@ impl Fence {
                 kind,
                 keys: Keys::new(kind),
                 counters,
+                #[cfg(feature = "test-hooks")]
                 hooks: RwLock::new(Arc::new(NoHooks)),
+                #[cfg(feature = "test-hooks")]
                 switches: RwLock::new(GuardSwitches::default()),
                 grant_seed: seed.finish(),
                 grant_counter: AtomicU64::new(0),
@@ -160,17 +173,8 @@ impl Fence {
     /// Installs a function called with each entity just before revocation pushes a lease to
     /// it. The engine uses it so that a push counts as a touch of the entity (SPEC R2): the
     /// entity is restored first, exactly once, like on any other path. The function must not
-    /// call back into this fence's revocation.
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use portcullis::{ManualClock, store::MemoryStore};
-    /// use portcullis::fence::{Fence, FenceConfig};
-    /// let clock = Arc::new(ManualClock::new(0));
-    /// let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock, FenceConfig::default());
-    /// fence.set_push_observer(Arc::new(|entity| println!("about to push a lease to {entity}")));
-    /// ```
-    pub fn set_push_observer(&self, observer: PushObserver) {
+    /// call back into this fence's revocation. Crate-internal: only the engine installs one.
+    pub(crate) fn set_push_observer(&self, observer: PushObserver) {
         *self.inner.push_observer.write() = Some(observer);
     }
 
@@ -189,20 +193,21 @@ impl Fence {
         self.inner.counters.snapshot()
     }
 
-    /// Test-only: installs fault hooks called at every [`HookPoint`].
-    #[doc(hidden)]
+    /// Test-only (feature `test-hooks`): installs fault hooks called at every [`HookPoint`].
+    #[cfg(feature = "test-hooks")]
     pub fn set_hooks(&self, hooks: Arc<dyn FenceHooks>) {
         *self.inner.hooks.write() = hooks;
     }
 
-    /// Test-only: removes guards, for negative controls and teeth checks.
-    #[doc(hidden)]
+    /// Test-only (feature `test-hooks`): removes guards, for negative controls and teeth
+    /// checks.
+    #[cfg(feature = "test-hooks")]
     pub fn set_guard_switches(&self, switches: GuardSwitches) {
         *self.inner.switches.write() = switches;
     }
 
-    /// Test-only: the keys of this fence's rows.
-    #[doc(hidden)]
+    /// Test-only (feature `test-hooks`): the keys of this fence's rows.
+    #[cfg(feature = "test-hooks")]
     pub fn keys(&self) -> &Keys {
         &self.inner.keys
     }
@@ -216,13 +221,27 @@ impl Fence {
         self.inner.clock.now_ms()
     }
 
+    /// Calls the test hooks at `point`; nothing without the `test-hooks` feature.
+    #[cfg_attr(not(feature = "test-hooks"), inline(always))]
     fn hook(&self, point: HookPoint, entity: Option<&crate::entity::EntityId>) {
-        let hooks = self.inner.hooks.read().clone();
-        hooks.at(point, entity);
+        #[cfg(feature = "test-hooks")]
+        {
+            let hooks = self.inner.hooks.read().clone();
+            hooks.at(point, entity);
+        }
+        #[cfg(not(feature = "test-hooks"))]
+        let _ = (point, entity);
     }
 
+    /// The guard switches: all guards in place without the `test-hooks` feature.
+    #[cfg_attr(not(feature = "test-hooks"), inline(always))]
     fn switches(&self) -> GuardSwitches {
-        *self.inner.switches.read()
+        #[cfg(feature = "test-hooks")]
+        {
+            *self.inner.switches.read()
+        }
+        #[cfg(not(feature = "test-hooks"))]
+        GuardSwitches::default()
     }
 
     /// A grant id no other grant of any fence in this process, or (with overwhelming

@@ -25,11 +25,18 @@ const MAX_PUSH_ATTEMPTS: usize = 4;
 /// How much work one revocation slice may do (SPEC F4). The page and push limits are capped
 /// at the SPEC's maxima; the time budget is read on the planner's clock.
 ///
+/// Every budget makes progress: limits are clamped to at least one page, one push and 1 ms,
+/// and a slice always makes its first push, however much of the time budget the scan spent
+/// (a budget that never pushes would leave revocation `Pending` forever).
+///
 /// ```
 /// use portcullis::fence::RevokeBudget;
 /// let budget = RevokeBudget::default().with_time_ms(20).with_max_pushes(2);
 /// assert_eq!(budget.max_pushes(), 2);
 /// assert_eq!(RevokeBudget::default().with_max_pages(100).max_pages(), 8);
+/// // Zero is clamped to the least that makes progress.
+/// assert_eq!(RevokeBudget::default().with_max_pushes(0).max_pushes(), 1);
+/// assert_eq!(RevokeBudget::default().with_time_ms(0).time_ms(), 1);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RevokeBudget {
@@ -50,9 +57,9 @@ impl Default for RevokeBudget {
 }
 
 impl RevokeBudget {
-    /// Sets the time budget in ms (on the planner's clock).
+    /// Sets the time budget in ms (on the planner's clock), at least 1.
     pub fn with_time_ms(mut self, time_ms: u64) -> Self {
-        self.time_ms = time_ms;
+        self.time_ms = time_ms.max(1);
         self
     }
 
@@ -62,9 +69,9 @@ impl RevokeBudget {
         self
     }
 
-    /// Sets the push limit, capped at 4.
+    /// Sets the push limit, capped at 4 and at least 1.
     pub fn with_max_pushes(mut self, pushes: usize) -> Self {
-        self.max_pushes = pushes.min(MAX_PUSHES);
+        self.max_pushes = pushes.clamp(1, MAX_PUSHES);
         self
     }
 
@@ -99,8 +106,8 @@ pub enum RevokeProgress {
     },
 }
 
-/// A push that committed and awaits its acknowledgement (test-only handle).
-#[doc(hidden)]
+/// A push that committed and awaits its acknowledgement (test-only handle, public with the
+/// feature `test-hooks`).
 #[derive(Clone, Debug)]
 pub struct PendingAck {
     ns: Namespace,
@@ -194,9 +201,13 @@ impl Fence {
                 pages += 1;
                 for (key, raw, row, entity) in rows::decode_shard_page(keys, ns, &page.entries)? {
                     let now = self.now();
-                    let mut complete = row.acked_epoch >= epoch || now >= row.expires_at_ms;
+                    // SPEC F5: acknowledged at exactly this epoch. A row acknowledged above it
+                    // (a coordinator restored from an older copy) vouches for nothing now.
+                    let mut complete = row.acked_epoch == epoch || now >= row.expires_at_ms;
                     if !complete {
-                        let time_spent = now.saturating_sub(started) >= budget.time_ms();
+                        // The first push of a slice is always made, so every slice progresses.
+                        let time_spent =
+                            pushes > 0 && now.saturating_sub(started) >= budget.time_ms();
                         if pushes < budget.max_pushes() && !time_spent {
                             pushes += 1;
                             let pushed =
@@ -351,7 +362,7 @@ impl Fence {
             };
             pending.row = rows::decode("leased-shard row", &fresh_raw)?;
             pending.row_raw = fresh_raw;
-            if pending.row.acked_epoch >= pending.epoch {
+            if pending.row.acked_epoch == pending.epoch {
                 return Ok(PushLease::AlreadyAcknowledged);
             }
         }
@@ -361,7 +372,7 @@ impl Fence {
     /// Test-only: the push half of a revocation for one entity, without its acknowledgement,
     /// so property tests can interleave other steps in between. `None` if the entity's row
     /// needs no push (absent, expired or already acknowledged) or the push did not commit.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn push_without_ack(&self, entity: &EntityId) -> Result<Option<PendingAck>> {
         let keys = &self.inner.keys;
         let ns = entity.namespace();
@@ -374,7 +385,7 @@ impl Fence {
             return Ok(None);
         };
         let row: ShardRow = rows::decode("leased-shard row", &row_raw)?;
-        if row.acked_epoch >= epoch || self.now() >= row.expires_at_ms {
+        if row.acked_epoch == epoch || self.now() >= row.expires_at_ms {
             return Ok(None);
         }
         let pending = PendingAck {
@@ -392,7 +403,7 @@ impl Fence {
     }
 
     /// Test-only: the acknowledgement half; `true` if it committed.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn acknowledge_pushed(&self, pending: &PendingAck) -> Result<bool> {
         Ok(matches!(
             self.acknowledge(pending)?,

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::entity::{EntityId, Namespace, RESERVED_KEY_PREFIX};
+use crate::entity::{EntityId, Namespace};
 use crate::error::{Error, Result};
 use crate::store::KeyRange;
 
@@ -32,19 +32,22 @@ impl FenceKind {
     }
 }
 
-/// The keys one fence kind uses. Exposed (hidden) so tests can damage rows on purpose.
-#[doc(hidden)]
+/// The keys one fence kind uses. Public with the feature `test-hooks`, so tests can damage
+/// rows on purpose.
 #[derive(Clone, Debug)]
 pub struct Keys {
     prefix: Vec<u8>,
     lease: Vec<u8>,
 }
 
+/// The start of every fence row inside an entity partition (each kind's lease).
+pub(crate) const FENCE_ROWS_PREFIX: &[u8] = b"\0fence.";
+
 impl Keys {
     /// The keys of `kind`.
     pub fn new(kind: FenceKind) -> Self {
-        let mut lease = vec![RESERVED_KEY_PREFIX];
-        lease.extend_from_slice(format!("fence.{}.lease", kind.tag()).as_bytes());
+        let mut lease = FENCE_ROWS_PREFIX.to_vec();
+        lease.extend_from_slice(format!("{}.lease", kind.tag()).as_bytes());
         Keys {
             prefix: format!("fence.{}/", kind.tag()).into_bytes(),
             lease,

@@ -1,12 +1,14 @@
 //! The lease-and-write path (SPEC F2, F3): a write commits only under a usable lease, guarded
 //! on that lease exactly as read and on a deadline checked by the store at commit.
 
-use super::rows::{self, LeaseRow, ShardRow};
+use std::ops::Bound;
+
+use super::rows::{self, FENCE_ROWS_PREFIX, LeaseRow, ShardRow};
 use super::stats::Counters;
 use super::{Fence, HookPoint, guard_as_read};
-use crate::entity::EntityId;
+use crate::entity::{EntityId, RESERVED_KEY_PREFIX};
 use crate::error::{Error, Result};
-use crate::store::{Batch, Op, Outcome, Precondition, check_guards};
+use crate::store::{Batch, KeyRange, Op, Outcome, Precondition, check_guards};
 
 /// How many times a write re-plans after a failed lease guard, a lost renewal race or a
 /// passed deadline before it answers `Unavailable` (SPEC F3, F8).
@@ -68,8 +70,8 @@ enum Attempt {
 
 /// A write that has been planned (its lease read and, if needed, its leased-shard row
 /// committed) but not yet applied to the entity. Test-only handle, so property tests can
-/// interleave other steps between planning and applying; [`write_under`] uses it too.
-#[doc(hidden)]
+/// interleave other steps between planning and applying (public with the feature
+/// `test-hooks`); [`write_under`] uses it too.
 #[derive(Debug)]
 pub struct PlannedWrite {
     fence: Fence,
@@ -81,6 +83,7 @@ pub struct PlannedWrite {
 
 impl PlannedWrite {
     /// The lease epochs this write will commit under.
+    #[cfg(feature = "test-hooks")]
     pub fn epochs(&self) -> &[u64] {
         &self.epochs
     }
@@ -125,6 +128,7 @@ fn plan_attempt(
     fences: &[FenceGrant<'_>],
     entity: &EntityId,
     attempt: usize,
+    access: RowAccess,
     plan: &mut impl FnMut(&WritePlan) -> Option<Batch>,
 ) -> Result<Attempt> {
     let mut prepared = Vec::with_capacity(fences.len());
@@ -141,9 +145,7 @@ fn plan_attempt(
     let Some(user) = plan(&write_plan) else {
         return Ok(Attempt::Declined);
     };
-    for fg in fences {
-        fg.fence.refuse_reserved_keys(&user)?;
-    }
+    refuse_reserved_keys(&user, access)?;
 
     // SPEC F2: a refused write leaves no lease state behind. A renewal commits the leased-shard
     // row before the entity batch can be checked, so check the caller's own preconditions
@@ -264,6 +266,17 @@ impl Fence {
     ) -> Result<WriteOutcome> {
         write_under(&[FenceGrant { fence: self, grant }], entity, plan)
     }
+
+    /// Like [`Fence::write_with`], for the engine's own rows (its log, deferred work, repair
+    /// and registration markers); crate-internal, so nothing public can reach those rows.
+    pub(crate) fn write_engine_rows_with(
+        &self,
+        entity: &EntityId,
+        grant: u64,
+        plan: impl FnMut(&WritePlan) -> Option<Batch>,
+    ) -> Result<WriteOutcome> {
+        write_under_engine_rows(&[FenceGrant { fence: self, grant }], entity, plan)
+    }
 }
 
 /// A write guarded by several fences at once (SPEC F10: the epoch fence and the authority
@@ -288,13 +301,83 @@ impl Fence {
 pub fn write_under(
     fences: &[FenceGrant<'_>],
     entity: &EntityId,
+    plan: impl FnMut(&WritePlan) -> Option<Batch>,
+) -> Result<WriteOutcome> {
+    write_under_as(fences, entity, RowAccess::Application, plan)
+}
+
+/// Like [`write_under`], for the engine's own rows: the batch may touch the entity's reserved
+/// rows (log, deferred work, repair and registration markers), never a fence's lease.
+pub(crate) fn write_under_engine_rows(
+    fences: &[FenceGrant<'_>],
+    entity: &EntityId,
+    plan: impl FnMut(&WritePlan) -> Option<Batch>,
+) -> Result<WriteOutcome> {
+    write_under_as(fences, entity, RowAccess::Engine, plan)
+}
+
+/// Which rows of the entity partition a write's own operations may touch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RowAccess {
+    /// Application rows only: no key that starts with the reserved byte `0x00`.
+    Application,
+    /// Also the engine's reserved rows, but never a fence's lease.
+    Engine,
+}
+
+/// Refuses a batch whose operations touch rows its caller may not (issue: nothing reachable
+/// from `Engine::fence()` may corrupt an entity's log). Guards may read any key.
+fn refuse_reserved_keys(user: &Batch, access: RowAccess) -> Result<()> {
+    let forbidden: &[u8] = match access {
+        RowAccess::Application => &[RESERVED_KEY_PREFIX],
+        RowAccess::Engine => FENCE_ROWS_PREFIX,
+    };
+    let touches = user.ops().iter().any(|op| match op {
+        Op::Put(k, _) | Op::Delete(k) => k.starts_with(forbidden),
+        Op::DeleteRange(r) => overlaps_prefix(r, forbidden),
+    });
+    if !touches {
+        return Ok(());
+    }
+    Err(Error::invalid(match access {
+        RowAccess::Application => format!(
+            "a fenced write may not touch a reserved key (first byte {RESERVED_KEY_PREFIX:#04x}): \
+             those rows hold the entity's log, deferred work, repair and registration markers \
+             and leases; use keys with another first byte"
+        ),
+        RowAccess::Engine => "a fenced write may not touch the fence's lease rows".to_string(),
+    }))
+}
+
+/// Whether any key that starts with `prefix` (non-empty) lies in `range`.
+fn overlaps_prefix(range: &KeyRange, prefix: &[u8]) -> bool {
+    let within = KeyRange::prefix(prefix);
+    let (Bound::Included(lo), Bound::Excluded(hi)) = (&within.start, &within.end) else {
+        return true;
+    };
+    let starts_before_hi = match &range.start {
+        Bound::Included(s) | Bound::Excluded(s) => s < hi,
+        Bound::Unbounded => true,
+    };
+    let ends_after_lo = match &range.end {
+        Bound::Included(e) => e >= lo,
+        Bound::Excluded(e) => e > lo,
+        Bound::Unbounded => true,
+    };
+    !range.is_empty() && starts_before_hi && ends_after_lo
+}
+
+fn write_under_as(
+    fences: &[FenceGrant<'_>],
+    entity: &EntityId,
+    access: RowAccess,
     mut plan: impl FnMut(&WritePlan) -> Option<Batch>,
 ) -> Result<WriteOutcome> {
     if fences.is_empty() {
         return Err(Error::invalid("a fenced write needs at least one fence"));
     }
     for attempt in 0..MAX_WRITE_ATTEMPTS {
-        match plan_attempt(fences, entity, attempt, &mut plan)? {
+        match plan_attempt(fences, entity, attempt, access, &mut plan)? {
             Attempt::Declined => return Ok(WriteOutcome::Declined),
             Attempt::Refused(index) => return Ok(WriteOutcome::PreconditionFailed { index }),
             Attempt::LostRace => {
@@ -326,7 +409,7 @@ impl Fence {
 
     /// Test-only: plans one attempt of a write (committing a renewal's leased-shard row if one
     /// is needed) without applying it. `None` if the renewal lost a race.
-    #[doc(hidden)]
+    #[cfg(feature = "test-hooks")]
     pub fn plan_write_once(
         &self,
         entity: &EntityId,
@@ -334,7 +417,8 @@ impl Fence {
         batch: Batch,
     ) -> Result<Option<PlannedWrite>> {
         let fences = [FenceGrant { fence: self, grant }];
-        match plan_attempt(&fences, entity, 0, &mut |_| Some(batch.clone()))? {
+        let access = RowAccess::Application;
+        match plan_attempt(&fences, entity, 0, access, &mut |_| Some(batch.clone()))? {
             Attempt::Ready(planned) => Ok(Some(planned)),
             Attempt::LostRace | Attempt::Declined | Attempt::Refused(_) => Ok(None),
         }
@@ -436,20 +520,5 @@ impl Fence {
             batch = batch.put(lease_key.to_vec(), rows::encode(lease));
         }
         batch
-    }
-
-    /// The caller may not touch the fence's own lease row.
-    fn refuse_reserved_keys(&self, user: &Batch) -> Result<()> {
-        let lease_key = self.inner.keys.lease();
-        let touches = user.ops().iter().any(|op| match op {
-            Op::Put(k, _) | Op::Delete(k) => k.as_slice() == lease_key,
-            Op::DeleteRange(r) => r.contains(lease_key),
-        });
-        if touches {
-            return Err(Error::invalid(
-                "a fenced write may not touch the fence's lease row",
-            ));
-        }
-        Ok(())
     }
 }

@@ -182,18 +182,30 @@ impl Gate {
 /// The reported-reached sender and the release receiver of one armed pause.
 type ArmedPause = (Sender<()>, Receiver<()>);
 
-/// Fault hooks: arm a point, and the next thread to reach it pauses there.
+/// Fault hooks: arm a point (for any entity, or for one), and the next thread to reach it
+/// pauses there.
 #[derive(Debug, Default)]
 pub struct Pauses {
-    armed: Mutex<HashMap<HookPoint, ArmedPause>>,
+    armed: Mutex<HashMap<(HookPoint, Option<EntityId>), ArmedPause>>,
     seen: Mutex<Vec<HookPoint>>,
 }
 
 impl Pauses {
     pub fn arm(&self, point: HookPoint) -> Gate {
+        self.arm_key(point, None)
+    }
+
+    /// Pauses the next thread that reaches `point` for `entity` (not for another entity).
+    pub fn arm_for(&self, point: HookPoint, entity: &EntityId) -> Gate {
+        self.arm_key(point, Some(entity.clone()))
+    }
+
+    fn arm_key(&self, point: HookPoint, entity: Option<EntityId>) -> Gate {
         let (reached_tx, reached_rx) = channel::bounded(1);
         let (release_tx, release_rx) = channel::bounded(1);
-        self.armed.lock().insert(point, (reached_tx, release_rx));
+        self.armed
+            .lock()
+            .insert((point, entity), (reached_tx, release_rx));
         Gate {
             reached: reached_rx,
             release: release_tx,
@@ -206,9 +218,13 @@ impl Pauses {
 }
 
 impl FenceHooks for Pauses {
-    fn at(&self, point: HookPoint, _entity: Option<&EntityId>) {
+    fn at(&self, point: HookPoint, entity: Option<&EntityId>) {
         self.seen.lock().push(point);
-        let armed = self.armed.lock().remove(&point);
+        let armed = {
+            let mut armed = self.armed.lock();
+            let for_entity = entity.and_then(|e| armed.remove(&(point, Some(e.clone()))));
+            for_entity.or_else(|| armed.remove(&(point, None)))
+        };
         if let Some((reached, release)) = armed {
             reached.send(()).unwrap();
             release
