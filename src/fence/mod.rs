@@ -106,6 +106,8 @@ struct Inner {
     grant_counter: AtomicU64,
     /// Told before revocation pushes a lease to an entity (see `Fence::set_push_observer`).
     push_observer: RwLock<Option<PushObserver>>,
+    /// Where background drivers run, and the ones running now (see [`Fence::set_pool`]).
+    drivers: driver::Drivers,
 }
 
 /// Called with an entity just before revocation pushes a lease to it.
@@ -166,6 +168,7 @@ impl Fence {
                 grant_seed: seed.finish(),
                 grant_counter: AtomicU64::new(0),
                 push_observer: RwLock::new(None),
+                drivers: driver::Drivers::default(),
             }),
         }
     }

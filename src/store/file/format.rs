@@ -52,6 +52,11 @@ pub enum RecordKind {
     Batch = 1,
     /// A partition's complete key index; chain walks stop here.
     Base = 2,
+    /// One of several records that together hold a partition's key index, when it is too large
+    /// for one record: part `i` of `n`, written consecutively in the partition's chain. Only a
+    /// complete run (the last part and every one before it) is a base; parts of a run cut short
+    /// by a crash carry nothing and a chain walk passes over them.
+    BasePart = 3,
 }
 
 impl RecordKind {
@@ -59,6 +64,7 @@ impl RecordKind {
         match b {
             1 => Some(RecordKind::Batch),
             2 => Some(RecordKind::Base),
+            3 => Some(RecordKind::BasePart),
             _ => None,
         }
     }
@@ -196,14 +202,22 @@ pub struct Body {
 pub enum Content {
     Batch(Vec<JournalOp>),
     Base(Vec<(Vec<u8>, ValueLoc)>),
+    /// Part `part` (from 0) of `parts` of a split base.
+    BasePart {
+        part: u32,
+        parts: u32,
+        entries: Vec<(Vec<u8>, ValueLoc)>,
+    },
 }
 
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 const OP_DELETE_RANGE: u8 = 3;
 
-/// Encodes a batch body. Returns the body and, per Put op in order, the value's offset in it.
-pub fn encode_batch_body(partition: &[u8], prev: Loc, ops: &[Op]) -> (Vec<u8>, Vec<u32>) {
+/// The exact length of the body [`encode_batch_body`] makes: keys and values plus the framing
+/// of every operation, a `DeleteRange` included. Computed without encoding, so a batch whose
+/// record would exceed [`MAX_BODY_LEN`] is refused before anything is built or written.
+pub fn batch_body_len(partition: &[u8], ops: &[Op]) -> usize {
     let mut size = 1 + partition.len() + 8 + 4;
     for op in ops {
         size += match op {
@@ -212,7 +226,12 @@ pub fn encode_batch_body(partition: &[u8], prev: Loc, ops: &[Op]) -> (Vec<u8>, V
             Op::DeleteRange(r) => 1 + bound_size(&r.start) + bound_size(&r.end),
         };
     }
-    let mut b = Vec::with_capacity(size);
+    size
+}
+
+/// Encodes a batch body. Returns the body and, per Put op in order, the value's offset in it.
+pub fn encode_batch_body(partition: &[u8], prev: Loc, ops: &[Op]) -> (Vec<u8>, Vec<u32>) {
+    let mut b = Vec::with_capacity(batch_body_len(partition, ops));
     put_name(&mut b, partition, prev);
     b.extend_from_slice(&(ops.len() as u32).to_le_bytes());
     let mut value_offsets = Vec::new();
@@ -239,6 +258,16 @@ pub fn encode_batch_body(partition: &[u8], prev: Loc, ops: &[Op]) -> (Vec<u8>, V
     (b, value_offsets)
 }
 
+/// Bytes one index entry takes in a base body.
+pub fn base_entry_len(key: &[u8]) -> usize {
+    2 + key.len() + 16
+}
+
+/// Bytes of a base body before its entries (a part's adds 8 for its place in the run).
+pub fn base_head_len(partition: &[u8]) -> usize {
+    1 + partition.len() + 8 + 4
+}
+
 /// Encodes a base body: the partition's whole index.
 pub fn encode_base_body<'a>(
     partition: &[u8],
@@ -247,14 +276,37 @@ pub fn encode_base_body<'a>(
 ) -> Vec<u8> {
     let mut b = Vec::with_capacity(16 + partition.len() + entries.len() * 40);
     put_name(&mut b, partition, prev);
+    put_entries(&mut b, entries);
+    b
+}
+
+/// Encodes part `part` of `parts` of a split base: a slice of the index, in key order.
+pub fn encode_base_part_body<'a>(
+    partition: &[u8],
+    prev: Loc,
+    part: u32,
+    parts: u32,
+    entries: impl ExactSizeIterator<Item = (&'a [u8], &'a ValueLoc)>,
+) -> Vec<u8> {
+    let mut b = Vec::with_capacity(24 + partition.len() + entries.len() * 40);
+    put_name(&mut b, partition, prev);
+    b.extend_from_slice(&part.to_le_bytes());
+    b.extend_from_slice(&parts.to_le_bytes());
+    put_entries(&mut b, entries);
+    b
+}
+
+fn put_entries<'a>(
+    b: &mut Vec<u8>,
+    entries: impl ExactSizeIterator<Item = (&'a [u8], &'a ValueLoc)>,
+) {
     b.extend_from_slice(&(entries.len() as u32).to_le_bytes());
     for (k, v) in entries {
-        put_key(&mut b, k);
+        put_key(b, k);
         b.extend_from_slice(&v.at.to_le_bytes());
         b.extend_from_slice(&v.len.to_le_bytes());
         b.extend_from_slice(&v.crc.to_le_bytes());
     }
-    b
 }
 
 fn put_name(b: &mut Vec<u8>, partition: &[u8], prev: Loc) {
@@ -341,6 +393,17 @@ pub fn decode_body_head(body: &[u8]) -> Option<(&[u8], Loc)> {
     Some((name, prev))
 }
 
+/// Reads the place of a base part in its run: (part, parts). `None` if malformed.
+pub fn decode_base_part_head(body: &[u8]) -> Option<(u32, u32)> {
+    let mut r = Reader { bytes: body, at: 0 };
+    let n = r.u8()? as usize;
+    r.take(n)?;
+    r.u64()?;
+    let part = r.u32()?;
+    let parts = r.u32()?;
+    (part < parts).then_some((part, parts))
+}
+
 /// Decodes a whole body. Fails (never panics) on any malformed input.
 pub fn decode_body(kind: RecordKind, body: &[u8]) -> Result<Body> {
     decode_body_inner(kind, body)
@@ -352,6 +415,17 @@ fn decode_body_inner(kind: RecordKind, body: &[u8]) -> Option<Body> {
     let n = r.u8()? as usize;
     let partition = r.take(n)?.to_vec();
     let prev = r.u64()?;
+    let place = match kind {
+        RecordKind::BasePart => {
+            let part = r.u32()?;
+            let parts = r.u32()?;
+            if part >= parts {
+                return None;
+            }
+            Some((part, parts))
+        }
+        _ => None,
+    };
     let count = r.u32()? as usize;
     let content = match kind {
         RecordKind::Batch => {
@@ -381,7 +455,7 @@ fn decode_body_inner(kind: RecordKind, body: &[u8]) -> Option<Body> {
             }
             Content::Batch(ops)
         }
-        RecordKind::Base => {
+        RecordKind::Base | RecordKind::BasePart => {
             if count > r.remaining() / 18 {
                 return None;
             }
@@ -393,7 +467,14 @@ fn decode_body_inner(kind: RecordKind, body: &[u8]) -> Option<Body> {
                 let crc = r.u32()?;
                 entries.push((k, ValueLoc { at, len, crc }));
             }
-            Content::Base(entries)
+            match place {
+                Some((part, parts)) => Content::BasePart {
+                    part,
+                    parts,
+                    entries,
+                },
+                None => Content::Base(entries),
+            }
         }
     };
     if r.remaining() != 0 {
@@ -445,6 +526,11 @@ mod tests {
             Op::DeleteRange(KeyRange::all()),
         ];
         let (body, offsets) = encode_batch_body(b"part", loc(3, 100), &ops);
+        assert_eq!(
+            body.len(),
+            batch_body_len(b"part", &ops),
+            "every op is counted"
+        );
         let decoded = decode_body(RecordKind::Batch, &body).unwrap();
         assert_eq!(decoded.partition, b"part");
         assert_eq!(decoded.prev, loc(3, 100));
@@ -464,6 +550,40 @@ mod tests {
     }
 
     #[test]
+    fn base_parts_round_trip() {
+        let v = ValueLoc {
+            at: loc(2, 40),
+            len: 3,
+            crc: 9,
+        };
+        let keys = [b"a".to_vec(), b"b".to_vec()];
+        let entries = keys.iter().map(|k| (k.as_slice(), &v));
+        let body = encode_base_part_body(b"part", loc(1, 32), 1, 3, entries);
+        assert_eq!(
+            body.len(),
+            base_head_len(b"part") + 8 + base_entry_len(b"a") + base_entry_len(b"b")
+        );
+        assert_eq!(decode_base_part_head(&body), Some((1, 3)));
+        let decoded = decode_body(RecordKind::BasePart, &body).unwrap();
+        assert_eq!(decoded.prev, loc(1, 32));
+        assert_eq!(
+            decoded.content,
+            Content::BasePart {
+                part: 1,
+                parts: 3,
+                entries: vec![(b"a".to_vec(), v), (b"b".to_vec(), v)],
+            }
+        );
+        // A part outside its run is malformed.
+        let bad = encode_base_part_body(b"part", 0, 3, 3, std::iter::empty());
+        assert!(decode_body(RecordKind::BasePart, &bad).is_err());
+        assert_eq!(decode_base_part_head(&bad), None);
+        for cut in 0..body.len() {
+            assert!(decode_body(RecordKind::BasePart, &body[..cut]).is_err());
+        }
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic() {
         let mut x: u64 = 1;
         for len in 0..300 {
@@ -477,6 +597,8 @@ mod tests {
                 .collect();
             let _ = decode_body(RecordKind::Batch, &bytes);
             let _ = decode_body(RecordKind::Base, &bytes);
+            let _ = decode_body(RecordKind::BasePart, &bytes);
+            let _ = decode_base_part_head(&bytes);
             let _ = decode_frame(1, &bytes);
         }
     }

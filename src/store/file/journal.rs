@@ -510,44 +510,50 @@ impl Journal {
 
     /// Reads and verifies the record at `at`; returns its frame and body.
     pub fn read_record(&self, at: Loc) -> Result<(Frame, Vec<u8>)> {
+        match self.read_record_start(at)? {
+            RecordStart::Whole(frame, body) => Ok((frame, body)),
+            RecordStart::Partial(frame, mut body) => {
+                let segment = self.segment(loc_segment(at))?;
+                let got = body.len();
+                body.resize(frame.body_len as usize, 0);
+                segment
+                    .file
+                    .read_exact_at(&mut body[got..], loc_offset(at) + (FRAME_LEN + got) as u64)
+                    .map_err(|_| record_damage(at, "record body unreadable"))?;
+                if format::body_crc(&body) != frame.body_crc {
+                    return Err(record_damage(at, "record body failed its checksum"));
+                }
+                Ok((frame, body))
+            }
+        }
+    }
+
+    /// Reads the record at `at` with one read of a few KiB: the whole record, verified, when it
+    /// is that small; otherwise its verified frame and the start of its body (unverified).
+    /// Chain walks use it to follow a partition's links without holding large bodies.
+    pub fn read_record_start(&self, at: Loc) -> Result<RecordStart> {
         let segment = self.segment(loc_segment(at))?;
-        let damaged = |detail: &str| {
-            Error::corrupt(
-                format!(
-                    "journal segment {} offset {}",
-                    loc_segment(at),
-                    loc_offset(at)
-                ),
-                detail.to_owned(),
-            )
-        };
-        // Most records are small: one read fetches the frame and, usually, the whole body.
         let mut buf = vec![0u8; SPECULATIVE_READ];
         let got = read_up_to(&*segment.file, &mut buf, loc_offset(at))
-            .map_err(|_| damaged("record unreadable"))?;
+            .map_err(|_| record_damage(at, "record unreadable"))?;
         if got < FRAME_LEN {
-            return Err(damaged("record header unreadable"));
+            return Err(record_damage(at, "record header unreadable"));
         }
         let frame = format::decode_frame(segment.seed, &buf[..FRAME_LEN])
-            .ok_or_else(|| damaged("record header failed its checksum"))?;
+            .ok_or_else(|| record_damage(at, "record header failed its checksum"))?;
         let end = FRAME_LEN + frame.body_len as usize;
         if end <= got {
             buf.truncate(end);
             buf.drain(..FRAME_LEN);
+            if format::body_crc(&buf) != frame.body_crc {
+                return Err(record_damage(at, "record body failed its checksum"));
+            }
+            Ok(RecordStart::Whole(frame, buf))
         } else {
             buf.truncate(got);
-            buf.resize(end, 0);
-            segment
-                .file
-                .read_exact_at(&mut buf[got..], loc_offset(at) + got as u64)
-                .map_err(|_| damaged("record body unreadable"))?;
             buf.drain(..FRAME_LEN);
+            Ok(RecordStart::Partial(frame, buf))
         }
-        let body = buf;
-        if format::body_crc(&body) != frame.body_crc {
-            return Err(damaged("record body failed its checksum"));
-        }
-        Ok((frame, body))
     }
 
     /// Refuses every later append with `Closed`; what was appended before can still be synced.
@@ -601,6 +607,25 @@ impl Journal {
 
 /// Bytes read at once when a record is fetched by location (frame plus a typical body).
 const SPECULATIVE_READ: usize = 4096;
+
+/// What one read at a record's location found (see [`Journal::read_record_start`]).
+pub enum RecordStart {
+    /// The whole record; its body passed its checksum.
+    Whole(Frame, Vec<u8>),
+    /// The frame (verified) and the first bytes of a longer body (not yet verified).
+    Partial(Frame, Vec<u8>),
+}
+
+fn record_damage(at: Loc, detail: &str) -> Error {
+    Error::corrupt(
+        format!(
+            "journal segment {} offset {}",
+            loc_segment(at),
+            loc_offset(at)
+        ),
+        detail.to_owned(),
+    )
+}
 
 /// Reads as much of `buf` as the file holds at `offset`; returns how many bytes were read.
 fn read_up_to(file: &dyn VfsFile, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {

@@ -10,6 +10,7 @@
 //! mutex -> a partition's `view`. The heads snapshot takes the journal append mutex and then the
 //! partition table for reading; no path holds the table while appending, so the two never meet.
 
+mod chain;
 mod compaction;
 mod container;
 mod fault;
@@ -547,7 +548,7 @@ impl Inner {
             commit.load = Load::Corrupt(detail.clone());
             return Err(state.corrupt_error(&detail));
         }
-        match partition::load_index(&self.journal, state, partition::head_of(state)) {
+        match chain::load_index(&self.journal, state, partition::head_of(state)) {
             Ok((index, chain_len)) => {
                 let mut view = state.view.write();
                 view.index = index;
@@ -666,24 +667,7 @@ impl Inner {
         commit: &mut CommitState,
         index: &partition::Index,
     ) -> Result<()> {
-        let body = format::encode_base_body(
-            state.name.as_bytes(),
-            partition::head_of(state),
-            index.iter().map(|(k, v)| (&**k, v)),
-        );
-        if body.len() > MAX_BODY_LEN {
-            log::debug!(
-                "partition {} is too large for a base record; its chain stays long",
-                state.name
-            );
-            return Ok(());
-        }
-        self.journal
-            .append(RecordKind::Base, state.hash, &body, |_, at| {
-                state.head.store(at, Ordering::Release)
-            })?;
-        commit.chain_len = 1;
-        Ok(())
+        chain::write_base(&self.journal, state, commit, index)
     }
 
     /// Writes a heads snapshot at the current journal position, then points the manifest at it.
@@ -894,6 +878,17 @@ impl Store for FileStore {
         let inner = &self.inner;
         inner.check_open()?;
         batch.validate_within(&self.limits())?;
+        // The contract counts keys and values; the journal record also frames every operation
+        // (a `DeleteRange` included). A record over the frame limit would be acknowledged and
+        // then refused by every later read of the journal, so it is refused here (SPEC S11).
+        let record_len = format::batch_body_len(p.as_bytes(), batch.ops());
+        if record_len > MAX_BODY_LEN {
+            return Err(Error::TooLarge {
+                what: "journal record of the batch (keys, values and framing of every operation)",
+                size: record_len,
+                limit: MAX_BODY_LEN,
+            });
+        }
         if let Some(reason) = inner.journal.failed() {
             return Err(Error::SyncFailed(reason));
         }
