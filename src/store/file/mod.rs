@@ -13,6 +13,7 @@
 mod chain;
 mod compaction;
 mod container;
+mod durability;
 mod fault;
 mod format;
 mod journal;
@@ -32,7 +33,9 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
 pub use compaction::CompactionReport;
-pub use fault::{FailMode, FaultFs};
+#[cfg(feature = "fault-injection")]
+pub use fault::skip::SkipSync;
+pub use fault::{CrashPoint, FailMode, FaultFs};
 pub use journal::SyncPolicy;
 pub use recovery::{DamagedRecord, TornTail};
 pub(crate) use verify::{FileCheck, FileState, check_unopened};
@@ -68,6 +71,9 @@ struct HeadsSnapshot {
     offset: u64,
     next_lsn: u64,
     heads: Vec<(Vec<u8>, u64)>,
+    /// The garbage estimate at that position, so compaction still starts by itself in a
+    /// process that restarts often (a restart used to reset it to zero).
+    garbage_bytes: u64,
 }
 
 /// What opening the store read, and how long it took (SPEC S5).
@@ -117,6 +123,26 @@ pub struct FileStoreBuilder {
     snapshot_every_bytes: u64,
     base_every_records: u32,
     auto_compact: bool,
+    #[cfg(feature = "fault-injection")]
+    skip_syncs: std::collections::HashSet<SkipSync>,
+    #[cfg(feature = "fault-injection")]
+    append_observer: Option<AppendObserver>,
+}
+
+/// Called with each batch's partition and journal sequence number once it is appended (tests
+/// only; see [`FileStoreBuilder::observe_appends`]).
+#[cfg(feature = "fault-injection")]
+#[derive(Clone)]
+struct AppendObserver(Arc<ObserveFn>);
+
+#[cfg(feature = "fault-injection")]
+type ObserveFn = dyn Fn(&Partition, u64) + Send + Sync;
+
+#[cfg(feature = "fault-injection")]
+impl std::fmt::Debug for AppendObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AppendObserver")
+    }
 }
 
 impl FileStoreBuilder {
@@ -162,6 +188,26 @@ impl FileStoreBuilder {
     /// (default true).
     pub fn auto_compact(mut self, on: bool) -> Self {
         self.auto_compact = on;
+        self
+    }
+
+    /// Test only (feature `fault-injection`): skips one kind of sync, so a crash test can show
+    /// it would catch the sync's absence. Never use this outside a negative control.
+    #[cfg(feature = "fault-injection")]
+    pub fn skip_sync(mut self, skip: SkipSync) -> Self {
+        self.skip_syncs.insert(skip);
+        self
+    }
+
+    /// Test only (feature `fault-injection`): calls `observe` with each batch's partition and
+    /// journal sequence number once it is appended, before it is durable, so a crash test knows
+    /// the journal order of concurrent commits. Called on the committing thread, under no lock.
+    #[cfg(feature = "fault-injection")]
+    pub fn observe_appends(
+        mut self,
+        observe: impl Fn(&Partition, u64) + Send + Sync + 'static,
+    ) -> Self {
+        self.append_observer = Some(AppendObserver(Arc::new(observe)));
         self
     }
 
@@ -222,6 +268,7 @@ struct Inner {
     compactions: AtomicU64,
     /// Estimated bytes of journal no longer reachable from any index.
     garbage_bytes: AtomicU64,
+    background: compaction::Background,
     /// Dropping the sender stops the periodic sync thread.
     syncer: Mutex<Option<crossbeam::channel::Sender<()>>>,
 }
@@ -272,11 +319,21 @@ impl FileStore {
             snapshot_every_bytes: 32 << 20,
             base_every_records: 64,
             auto_compact: true,
+            #[cfg(feature = "fault-injection")]
+            skip_syncs: Default::default(),
+            #[cfg(feature = "fault-injection")]
+            append_observer: None,
         }
     }
 
-    fn open_with(config: FileStoreBuilder) -> Result<FileStore> {
+    #[cfg_attr(not(feature = "fault-injection"), allow(unused_mut))]
+    fn open_with(mut config: FileStoreBuilder) -> Result<FileStore> {
         let started = Instant::now();
+        #[cfg(feature = "fault-injection")]
+        {
+            config.vfs =
+                fault::skip::SkippingVfs::wrap(config.vfs.clone(), &config.dir, &config.skip_syncs);
+        }
         let vfs = config.vfs.clone();
         let dir = config.dir.clone();
         let io = |what: &str, e| Error::io(format!("{what} {}", dir.display()), e);
@@ -288,7 +345,7 @@ impl FileStore {
                 )));
             }
             Some(PathKind::Dir) => {}
-            None => vfs.create_dir_all(&dir).map_err(|e| io("creating", e))?,
+            None => durability::create_dir_durably(&*vfs, &dir)?,
         }
         let lock = match vfs.try_lock(&dir.join(LOCK_FILE)) {
             Ok(lock) => lock,
@@ -300,8 +357,9 @@ impl FileStore {
             Err(e) => return Err(io("locking", e)),
         };
         let journal_dir = dir.join(JOURNAL_DIR);
-        vfs.create_dir_all(&journal_dir)
-            .map_err(|e| io("creating the journal in", e))?;
+        if vfs.kind(&journal_dir).map_err(|e| io("inspecting", e))? != Some(PathKind::Dir) {
+            durability::create_dir_durably(&*vfs, &journal_dir)?;
+        }
 
         let manifest =
             container::read::<Manifest>(&*vfs, &dir, MANIFEST, MANIFEST_MAGIC)?.map(|(m, _)| m);
@@ -313,12 +371,16 @@ impl FileStore {
         let mut snapshot_name = None;
         let mut start = None;
         let mut heads = HashMap::new();
+        // Garbage made after the snapshot (at most `snapshot_every_bytes` of journal, unless the
+        // process crashed) and before a full-scan rebuild is not counted.
+        let mut garbage = 0;
         match manifest.as_ref().and_then(|m| m.snapshot.clone()) {
             Some(name) => {
                 match container::read::<HeadsSnapshot>(&*vfs, &dir, &name, SNAPSHOT_MAGIC) {
                     Ok(Some((snap, bytes))) => {
                         report.snapshot_bytes = bytes;
                         start = Some((snap.segment, snap.offset, snap.next_lsn));
+                        garbage = snap.garbage_bytes;
                         heads = snap
                             .heads
                             .into_iter()
@@ -351,6 +413,13 @@ impl FileStore {
             start.map(|(s, o, _)| (s, o)),
             start.map(|(_, _, l)| l),
             heads,
+        )?;
+        durability::sync_what_open_found(
+            &*vfs,
+            &dir,
+            &journal_dir,
+            &outcome.tail,
+            start.map(|s| s.0),
         )?;
         report.journal_bytes_scanned = outcome.bytes_scanned;
         report.records_scanned = outcome.records_scanned;
@@ -401,7 +470,8 @@ impl FileStore {
             batches: AtomicU64::new(0),
             loaded: AtomicU64::new(0),
             compactions: AtomicU64::new(0),
-            garbage_bytes: AtomicU64::new(0),
+            garbage_bytes: AtomicU64::new(garbage),
+            background: compaction::Background::default(),
             syncer: Mutex::new(syncer),
         });
         if needs_snapshot {
@@ -452,6 +522,18 @@ impl FileStore {
     pub fn compact(&self) -> Result<CompactionReport> {
         self.inner.check_open()?;
         compaction::compact(&self.inner)
+    }
+
+    /// Test hook: compactions started by themselves (garbage outweighing live data) since open.
+    #[cfg(feature = "test-hooks")]
+    pub fn background_compactions(&self) -> u64 {
+        self.inner.background.started()
+    }
+
+    /// Test hook: waits until every compaction started by itself so far has finished.
+    #[cfg(feature = "test-hooks")]
+    pub fn wait_for_background_compactions(&self) {
+        self.inner.background.wait_idle()
     }
 }
 
@@ -685,14 +767,16 @@ impl Inner {
             // Nothing was appended since the snapshot on disk: it is still exact.
             return Ok(());
         }
-        let (segment, offset, next_lsn, heads) = self.journal.with_appends_paused(|| {
-            let table = self.table.read();
-            table
-                .heads()
-                .filter(|&(_, head)| head != 0)
-                .map(|(name, head)| (name.to_vec(), head))
-                .collect::<Vec<_>>()
-        });
+        let (segment, offset, next_lsn, (heads, garbage_bytes)) =
+            self.journal.with_appends_paused(|| {
+                let table = self.table.read();
+                let heads = table
+                    .heads()
+                    .filter(|&(_, head)| head != 0)
+                    .map(|(name, head)| (name.to_vec(), head))
+                    .collect::<Vec<_>>();
+                (heads, self.garbage_bytes.load(Ordering::Relaxed))
+            });
         // Every head must point at a durable record before the snapshot names it.
         self.journal.sync_all()?;
         let snapshot = HeadsSnapshot {
@@ -700,6 +784,7 @@ impl Inner {
             offset,
             next_lsn,
             heads,
+            garbage_bytes,
         };
         let name = format!("heads-{next_lsn:020}.snap");
         let vfs = &*self.config.vfs;
@@ -940,6 +1025,10 @@ impl Store for FileStore {
             commit.chain_len += 1;
             lsn
         };
+        #[cfg(feature = "fault-injection")]
+        if let Some(observe) = &inner.config.append_observer {
+            (observe.0)(p, lsn);
+        }
         // Wait outside the partition's lock, so its next writer can queue behind us and share
         // our sync (SPEC S3).
         let durable = inner.journal.wait_durable(lsn);
@@ -1015,6 +1104,7 @@ impl Store for FileStore {
             partitions_loaded: inner.loaded.load(Ordering::Relaxed),
             segments: inner.journal.live_segments().len() as u64,
             compactions: inner.compactions.load(Ordering::Relaxed),
+            garbage_bytes: inner.garbage_bytes.load(Ordering::Relaxed),
         }
     }
 
