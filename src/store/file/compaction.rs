@@ -102,7 +102,6 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
     let _one_at_a_time = inner.compaction_lock.lock();
     // Close waits for this lock; a compaction must not start on a closed store.
     inner.check_open()?;
-    inner.journal.drop_retired();
     let tail = inner.journal.tail_segment();
     let victims: Vec<u32> = inner
         .journal
@@ -183,6 +182,9 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
     inner.journal.sync_all()?;
     inner.write_snapshot()?;
 
+    // Every index now points away from the victims; wait for readers that took a location
+    // before that, so none reads a deleted segment.
+    inner.journal.wait_for_readers();
     let journal_dir = inner.config.dir.join(super::JOURNAL_DIR);
     let vfs = &*inner.config.vfs;
     report.segments_kept = (victims.len() - doomed.len()) as u32;

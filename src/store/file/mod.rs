@@ -6,8 +6,9 @@
 //! the manifest ([`container`]), compaction ([`compaction`]) and the file layer ([`vfs`]).
 //! See `docs/DESIGN.md` for the format and the reasoning behind it.
 //!
-//! Lock order, outermost first: partition table -> a partition's `commit` -> journal append
-//! mutex -> a partition's `view`. The heads snapshot takes the journal append mutex and then the
+//! Lock order, outermost first: partition table -> a partition's `commit` -> journal reader pin
+//! (`Journal::pin`, shared) -> journal append mutex -> a partition's `view`. A reader takes its
+//! pin after loading and catching up (which take `commit`), never twice. The heads snapshot takes the journal append mutex and then the
 //! partition table for reading; no path holds the table while appending, so the two never meet.
 
 mod chain;
@@ -21,6 +22,7 @@ mod journal;
 mod overlay;
 mod partition;
 mod recovery;
+mod segments;
 mod verify;
 mod vfs;
 
@@ -174,6 +176,7 @@ pub struct FileStoreBuilder {
     snapshot_every_bytes: u64,
     base_every_records: u32,
     auto_compact: bool,
+    max_open_segments: usize,
     #[cfg(feature = "fault-injection")]
     skip_syncs: std::collections::HashSet<SkipSync>,
     #[cfg(feature = "fault-injection")]
@@ -239,6 +242,14 @@ impl FileStoreBuilder {
     /// (default true).
     pub fn auto_compact(mut self, on: bool) -> Self {
         self.auto_compact = on;
+        self
+    }
+
+    /// Journal segment files kept open at once (default 128, at least 4). Others are opened
+    /// when read and closed again, so a journal of any number of segments needs a bounded
+    /// number of file descriptors.
+    pub fn max_open_segments(mut self, files: usize) -> Self {
+        self.max_open_segments = files.max(4);
         self
     }
 
@@ -376,6 +387,7 @@ impl FileStore {
             snapshot_every_bytes: 32 << 20,
             base_every_records: 64,
             auto_compact: true,
+            max_open_segments: 128,
             #[cfg(feature = "fault-injection")]
             skip_syncs: Default::default(),
             #[cfg(feature = "fault-injection")]
@@ -442,7 +454,12 @@ impl FileStore {
                 None
             }
         };
-        let segments = recovery::open_segments(&*vfs, &journal_dir)?;
+        let files =
+            segments::SegmentFiles::new(journal_dir.clone(), vfs.clone(), config.max_open_segments);
+        // Each segment's header is read with a handle closed at once; later reads go through
+        // the bounded table, so no number of segments exhausts the file descriptors.
+        let segments =
+            recovery::open_segments_with(&*vfs, &journal_dir, |number, _| files.file(number))?;
         let created = manifest.is_none() && segments.is_empty() && !report.rebuilt_by_full_scan;
         report.created = created;
 
@@ -520,6 +537,7 @@ impl FileStore {
             config.sync_policy,
             config.segment_bytes,
             outcome.tail,
+            files,
         ));
         let table = Table {
             untouched: outcome.heads,
@@ -769,6 +787,7 @@ impl Inner {
         commit: &CommitState,
         key: &[u8],
     ) -> Result<Option<Vec<u8>>> {
+        let _pin = self.journal.pin();
         self.latest_value_in(state, commit, &state.view.read(), key)
     }
 
@@ -978,6 +997,8 @@ impl Store for FileStore {
         let Some(state) = inner.readable(p)? else {
             return Ok(None);
         };
+        // Pinned from taking the location until the value is read (see `Journal::pin`).
+        let _pin = inner.journal.pin();
         let found = state.view.read().index.get(key).copied();
         found.map(|v| inner.read_value(&state, &v)).transpose()
     }
@@ -1007,6 +1028,7 @@ impl Store for FileStore {
         };
         // Locations are taken under one lock, so the answers are one consistent view; values
         // at a location never change.
+        let _pin = inner.journal.pin();
         let locs: Vec<Option<ValueLoc>> = {
             let view = state.view.read();
             keys.iter().map(|k| view.index.get(*k).copied()).collect()
@@ -1036,6 +1058,7 @@ impl Store for FileStore {
         if range.is_empty() {
             return Ok(ScanPage::default());
         }
+        let _pin = inner.journal.pin();
         let (found, more) = {
             let view = state.view.read();
             let mut iter = view.index.range::<[u8], _>(range.as_bounds());
@@ -1085,6 +1108,7 @@ impl Store for FileStore {
             let mut commit = state.commit.lock();
             inner.load_locked(&state, &mut commit)?;
             let refused = {
+                let _pin = inner.journal.pin();
                 let view = state.view.read();
                 check_guards(
                     batch.guards(),

@@ -91,6 +91,17 @@ pub struct ScanOutcome {
 /// segment, when nothing after its header could be a record (a creation cut short), is
 /// removed. A newer format version is refused (SPEC S10).
 pub fn open_segments(vfs: &dyn Vfs, journal_dir: &Path) -> Result<Segments> {
+    open_segments_with(vfs, journal_dir, |_, file| file)
+}
+
+/// [`open_segments`], keeping for each live segment the file `keep` makes of the handle that
+/// read its header (the store keeps a handle from its bounded table instead, and closes this
+/// one, so open needs a bounded number of file descriptors).
+pub fn open_segments_with(
+    vfs: &dyn Vfs,
+    journal_dir: &Path,
+    keep: impl Fn(u32, Arc<dyn VfsFile>) -> Arc<dyn VfsFile>,
+) -> Result<Segments> {
     let mut live = BTreeMap::new();
     let mut damaged = BTreeMap::new();
     let names = vfs
@@ -123,7 +134,13 @@ pub fn open_segments(vfs: &dyn Vfs, journal_dir: &Path) -> Result<Segments> {
         let reason = match decoded {
             Ok((_, salt)) => {
                 let seed = format::salt_seed(salt);
-                live.insert(number, Segment { file, seed });
+                live.insert(
+                    number,
+                    Segment {
+                        file: keep(number, file),
+                        seed,
+                    },
+                );
                 continue;
             }
             // A newer format is refused whatever else is wrong (SPEC S10).
