@@ -439,6 +439,123 @@ fn e4_with_a_directory_the_store_runs_on_the_engines_clock() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Repairs on hand-over (SPEC R3, F11, issue 10 item 4).
+
+#[test]
+fn f11_take_over_from_a_dead_owner_repairs_each_entity_once_and_a_clean_hand_over_none() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    *machine.repair_records.lock() = recs(&["repaired"]);
+    let ns = entity(1).namespace().clone();
+    // A serves and dies (no close: the namespace is never released).
+    let a = owner_builder(&machine, &store, "a").open().unwrap();
+    a.own(&ns).unwrap();
+    for i in 0..3 {
+        a.register(&entity(i)).unwrap();
+        a.append(&entity(i), recs(&["a"])).unwrap();
+    }
+    common::engine::crash(a);
+    let b = owner_builder(&machine, &store, "b").open().unwrap();
+    // Before F11 the second engine saw the first one's incarnation as its own crash; now B's
+    // own incarnation is clean and the repair is owed to the namespace.
+    assert_eq!(b.unclean_previous(), None);
+    b.bump_epoch(&ns, 1).unwrap();
+    revoke_to_complete(&b, &ns);
+    b.own(&ns).unwrap();
+    assert_eq!(b.owed_repairs(&ns).unwrap(), vec![1]);
+    for i in 0..3 {
+        assert_eq!(payloads(&b, &entity(i)).unwrap(), recs(&["a", "repaired"]));
+        // Touched again: not repaired again.
+        assert_eq!(payloads(&b, &entity(i)).unwrap(), recs(&["a", "repaired"]));
+    }
+    assert_eq!(machine.repairs.lock().len(), 3, "exactly once per entity");
+    // A clean hand-over: B releases, C adopts: nothing is repaired.
+    b.release_namespace(&ns).unwrap();
+    let c = owner_builder(&machine, &store, "c").open().unwrap();
+    c.own(&ns).unwrap();
+    assert!(c.owed_repairs(&ns).unwrap().is_empty());
+    for i in 0..3 {
+        assert_eq!(payloads(&c, &entity(i)).unwrap(), recs(&["a", "repaired"]));
+    }
+    assert_eq!(
+        machine.repairs.lock().len(),
+        3,
+        "a clean hand-over repairs nothing"
+    );
+}
+
+#[test]
+fn r3_two_owed_repairs_run_once_each_with_their_own_labels() {
+    // Incarnation 2 crashes while still owing incarnation 1's repair: before this change the
+    // next incarnation ran only the repair for 2, so entities never repaired for 1 lost it.
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    *machine.repair_records.lock() = recs(&["r"]);
+    let (a, b) = (entity(1), entity(2));
+    let ns = a.namespace().clone();
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        engine.register(&a).unwrap();
+        engine.register(&b).unwrap();
+        common::engine::crash(engine);
+    }
+    {
+        // Term 2 repairs only b for term 1, then crashes too.
+        let engine = builder(&machine, &store).open().unwrap();
+        assert_eq!(engine.owed_repairs(&ns).unwrap(), vec![1]);
+        payloads(&engine, &b).unwrap();
+        common::engine::crash(engine);
+    }
+    let engine = builder(&machine, &store).open().unwrap();
+    assert_eq!(engine.owed_repairs(&ns).unwrap(), vec![1, 2]);
+    payloads(&engine, &a).unwrap();
+    payloads(&engine, &b).unwrap();
+    let mut repairs = machine.repairs.lock().clone();
+    repairs.sort();
+    assert_eq!(
+        repairs,
+        vec![
+            (a.clone(), 1),
+            (a.clone(), 2),
+            (b.clone(), 1),
+            (b.clone(), 2)
+        ],
+        "each owed repair ran once per entity, with its own label"
+    );
+}
+
+#[test]
+fn r3_a_listing_error_at_close_keeps_the_owed_repair() {
+    // Before this change `phase_counts` turned a listing error into 0 entities, so close
+    // decided every entity was restored and dropped the owed repair.
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let (a, b) = (entity(1), entity(2));
+    let ns = a.namespace().clone();
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        engine.register(&a).unwrap();
+        engine.register(&b).unwrap();
+        common::engine::crash(engine);
+    }
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        payloads(&engine, &a).unwrap(); // b is not restored
+        store
+            .fail_lists
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        engine.close().unwrap();
+        store
+            .fail_lists
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+    let engine = builder(&machine, &store).open().unwrap();
+    assert_eq!(engine.owed_repairs(&ns).unwrap(), vec![1]);
+    payloads(&engine, &b).unwrap();
+    assert!(machine.repairs.lock().contains(&(b.clone(), 1)));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Negative control (feature `test-hooks`): with the engine's entity writes sent around the
 // fence, as before SPEC F11, the checks above catch it.
 
