@@ -65,7 +65,7 @@ pub struct Summary {
     pub files: Vec<(String, u64)>,
     /// What opening the store read: the snapshot, the journal after it, a torn tail, damage.
     pub open: OpenReport,
-    /// The engine's incarnation and repair state, if an engine has used the store.
+    /// The engines' incarnations per owner id, if an engine has used the store.
     pub incarnation: Option<String>,
     /// Every partition, in name order.
     pub partitions: Vec<PartitionSummary>,
@@ -105,7 +105,7 @@ pub struct EntitySummary {
     pub checkpoint: Option<u64>,
     /// Deferred records waiting for the entity's restore (SPEC R8).
     pub deferred: u64,
-    /// The unclean incarnation it was last repaired for (SPEC R3).
+    /// The last namespace term it was repaired for (SPEC R3, F11).
     pub repaired_for: Option<u64>,
     /// Its epoch lease: `(epoch, expires_at_ms)` (SPEC F2).
     pub lease: Option<(u64, u64)>,

@@ -88,7 +88,7 @@ impl Display for Summary {
                 write!(f, ", registered by incarnation {inc}")?;
             }
             if let Some(inc) = e.repaired_for {
-                write!(f, ", repaired for incarnation {inc}")?;
+                write!(f, ", repaired for term {inc}")?;
             }
             if let Some((epoch, expires)) = e.lease {
                 write!(f, ", lease epoch {epoch} until {expires} ms")?;
