@@ -1,4 +1,6 @@
 //! A tour of Portcullis on a temporary directory: `cargo run --release --example tour`.
+//! It ends by pointing at the README's engine quick-start, `examples/handover.rs`,
+//! `examples/chat.rs` and the `portcullis-inspect` tool.
 //!
 //! It builds a store with history, opens an engine over it at once, restores one entity on
 //! its first touch, warms the rest in the background, fences a stale writer after an epoch
@@ -65,6 +67,13 @@ fn main() -> Result<()> {
         Ok(Command::new(std::env::current_exe()?))
     })?;
     println!("\nThe whole tour took {:.1?}.", started.elapsed());
+    println!(
+        "\nNext: the engine quick-start in README.md (a serde state machine: open, register, \
+         write, read, checkpoint, restart, warm, close); `cargo run --example handover` (two \
+         owners hand a namespace over under epoch fencing); `cargo run --example chat` (eight \
+         writer threads, a restart and a warm); `cargo run -p portcullis-inspect -- DIR` and \
+         `... -- verify DIR` (what a store holds, and whether every checksum verifies)."
+    );
     Ok(())
 }
 
