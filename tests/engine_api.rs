@@ -9,11 +9,58 @@ use portcullis::engine::Engine;
 use portcullis::log::{self, MAX_RECORD_BYTES};
 use portcullis::{EntityId, Error};
 
+/// E2: every public handle that threads share is `Send + Sync`.
 #[test]
 fn e2_handles_are_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<TestEngine>();
+    assert_send_sync::<portcullis::engine::History>();
     assert_send_sync::<portcullis::restore::Warm>();
+    assert_send_sync::<portcullis::restore::Restorer<Arc<TestMachine>>>();
+    assert_send_sync::<portcullis::fence::Fence>();
+    assert_send_sync::<portcullis::fence::RevocationHandle>();
+    assert_send_sync::<portcullis::store::FileStore>();
+    assert_send_sync::<portcullis::store::MemoryStore>();
+    assert_send_sync::<portcullis::store::Entries>();
+    assert_send_sync::<Arc<dyn portcullis::store::Store>>();
+    assert_send_sync::<portcullis::ManualClock>();
+    assert_send_sync::<portcullis::SharedClock>();
+    assert_send_sync::<Error>();
+    // A builder is not shared, but it may be handed to another thread to open there.
+    fn assert_send<T: Send>() {}
+    assert_send::<portcullis::engine::EngineBuilder<Arc<TestMachine>>>();
+}
+
+/// E2: registering answers `false` for an entity that already exists, also after a reopen,
+/// and never rewrites its marker (which keeps the incarnation that registered it).
+#[test]
+fn e2_register_is_false_for_an_existing_entity_and_keeps_its_marker() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let e = entity(1);
+    let marker = || {
+        use portcullis::store::Store;
+        store
+            .get(&e.partition(), &portcullis::restore::keys::entity_key())
+            .unwrap()
+    };
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        assert!(engine.register(&e).unwrap());
+        assert!(!engine.register(&e).unwrap());
+        engine.close().unwrap();
+    }
+    let first = marker().expect("registered");
+    assert_eq!(first, 1u64.to_be_bytes().to_vec());
+    let engine = builder(&machine, &store).open().unwrap();
+    assert_eq!(engine.incarnation(), 2);
+    assert!(
+        !engine.register(&e).unwrap(),
+        "it exists from incarnation 1"
+    );
+    assert_eq!(marker().unwrap(), first, "the marker was rewritten");
+    // Registering does not touch (restore) the entity either.
+    assert_eq!(engine.stats().units_run, 0);
 }
 
 #[test]

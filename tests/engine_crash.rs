@@ -75,11 +75,17 @@ fn entity(i: usize) -> EntityId {
 }
 
 fn builder(dir: &Path) -> EngineBuilder<Journal> {
-    let store = FileStore::open(dir).expect("open the store");
-    Engine::builder(Journal)
-        .store(Arc::new(store) as Arc<dyn Store>)
+    builder_over(dir).0
+}
+
+/// A builder, and a handle on its store so the caller can close the store itself.
+fn builder_over(dir: &Path) -> (EngineBuilder<Journal>, Arc<FileStore>) {
+    let store = Arc::new(FileStore::open(dir).expect("open the store"));
+    let builder = Engine::builder(Journal)
+        .store(Arc::clone(&store) as Arc<dyn Store>)
         .pool_threads(1)
-        .checkpoint_tail_bound(4)
+        .checkpoint_tail_bound(4);
+    (builder, store)
 }
 
 /// Child mode; a no-op as an ordinary test. Reports `open <incarnation>` then one
@@ -178,11 +184,20 @@ fn round(dir: &Path, kill_after: u64, acked: &mut HashMap<usize, Vec<String>>) -
 }
 
 /// Checks the reopened engine against every acknowledgement so far. Returns the engine's
-/// incarnation; the engine is dropped without a clean close, so the next child repairs too.
+/// incarnation; the engine ends without a clean close (it is forgotten, since dropping it
+/// would close it cleanly, and its store is closed directly), so the next child repairs too.
 fn check(dir: &Path, acked: &HashMap<usize, Vec<String>>, what: &str) -> u64 {
-    let engine = builder(dir)
+    let (builder, store) = builder_over(dir);
+    let engine = builder
         .open()
         .unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+    let incarnation = check_engine(&engine, acked, what);
+    std::mem::forget(engine);
+    store.close().unwrap();
+    incarnation
+}
+
+fn check_engine(engine: &Engine<Journal>, acked: &HashMap<usize, Vec<String>>, what: &str) -> u64 {
     for i in 0..ENTITIES {
         let state = match engine.read(&entity(i), Clone::clone) {
             Ok(state) => state,

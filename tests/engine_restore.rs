@@ -162,7 +162,11 @@ fn r3_code_inside_a_unit_can_touch_its_own_entity_without_deadlock() {
     engine.read(&a, |_| ()).unwrap();
     let seen = seen.lock();
     assert_eq!(seen.len(), 1);
-    assert_eq!(seen[0].0, Err(10), "own entity answers Unavailable");
+    assert_eq!(
+        seen[0].0,
+        Err(13),
+        "own entity answers WouldDeadlock at once"
+    );
     assert_eq!(seen[0].1, Ok(0));
     assert_eq!(machine.units_of(&b), 1);
 }

@@ -50,6 +50,7 @@ pub struct EngineBuilder<M: StateMachine> {
     pub(crate) directory: Option<PathBuf>,
     pub(crate) clock: SharedClock,
     pub(crate) pool_threads: usize,
+    pub(crate) close_timeout: std::time::Duration,
     pub(crate) warm_parallelism: usize,
     pub(crate) checkpoint_tail_bound: u64,
     pub(crate) truncate_after_checkpoint: bool,
@@ -70,6 +71,7 @@ impl<M: StateMachine> std::fmt::Debug for EngineBuilder<M> {
             .field("store", &self.store.as_ref().map(|_| "given"))
             .field("directory", &self.directory)
             .field("pool_threads", &self.pool_threads)
+            .field("close_timeout", &self.close_timeout)
             .field("warm_parallelism", &self.warm_parallelism)
             .field("checkpoint_tail_bound", &self.checkpoint_tail_bound)
             .field("checkpoint_every", &self.checkpoint_every)
@@ -90,6 +92,7 @@ impl<M: StateMachine> EngineBuilder<M> {
             directory: None,
             clock: Arc::new(SystemClock),
             pool_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            close_timeout: std::time::Duration::from_secs(30),
             warm_parallelism: 4,
             checkpoint_tail_bound: 10_000,
             truncate_after_checkpoint: false,
@@ -237,10 +240,37 @@ impl<M: StateMachine> EngineBuilder<M> {
         self
     }
 
-    /// Threads in the engine's rayon pool (warm, and later revocation and compaction).
+    /// Threads in the engine's rayon pool (the warm and background revocation).
     /// Default: the number of available cores. At least 1.
     pub fn pool_threads(mut self, threads: usize) -> Self {
         self.pool_threads = threads;
+        self
+    }
+
+    /// How long [`Engine::close`] (and a drop of the last handle) waits for the warm, the
+    /// background drivers and calls in flight before it gives up with `Unavailable` and leaves
+    /// the incarnation not marked clean (SPEC R11). Default: 30 s.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use portcullis::{Engine, EntityId, Rejection, StateMachine, store::MemoryStore};
+    /// # struct M;
+    /// # impl StateMachine for M {
+    /// #     type State = ();
+    /// #     fn fresh(&self, _: &EntityId) {}
+    /// #     fn apply(&self, _: &mut (), _: &portcullis::ApplyContext<'_>, _: &[u8]) -> Result<(), Rejection> { Ok(()) }
+    /// #     fn encode_checkpoint(&self, _: &()) -> Vec<u8> { Vec::new() }
+    /// #     fn decode_checkpoint(&self, _: &EntityId, _: &[u8]) -> Result<(), Rejection> { Ok(()) }
+    /// # }
+    /// let engine = Engine::builder(M)
+    ///     .store(Arc::new(MemoryStore::new()))
+    ///     .close_timeout(Duration::from_secs(5))
+    ///     .open()?;
+    /// engine.close()?;
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
+    pub fn close_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.close_timeout = timeout;
         self
     }
 

@@ -12,13 +12,14 @@ mod config;
 mod fencing;
 mod history;
 mod incarnation;
+mod lifecycle;
 mod options;
 mod stats;
 mod write;
 
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use parking_lot::Mutex;
 
 pub use config::EngineBuilder;
 pub use history::History;
@@ -31,11 +32,13 @@ use crate::entity::EntityId;
 use crate::error::{Error, Result};
 use crate::fence::Fence;
 use crate::log::{self, Guarded};
-use crate::restore::{
-    self, Containment, ReasonKind, RestoreConfig, Restorer, StateMachine, Touched, Warm,
-};
+use crate::restore::{self, Containment, ReasonKind, RestoreConfig, Restorer, StateMachine, Warm};
 use crate::store::Store;
 use incarnation::Incarnation;
+
+/// How many times [`Engine::verify_checkpoint`] audits again when the checkpoint or history
+/// root moved during its walk.
+pub const AUDIT_ATTEMPTS: usize = 3;
 
 /// An open engine: many durable entities over one store, each restored lazily on first touch.
 ///
@@ -56,7 +59,7 @@ impl<M: StateMachine> std::fmt::Debug for Engine<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("incarnation", &self.inner.incarnation.number)
-            .field("open", &*self.inner.open.read_recursive())
+            .field("open", &!self.inner.lifecycle.is_closed())
             .finish_non_exhaustive()
     }
 }
@@ -64,7 +67,8 @@ impl<M: StateMachine> std::fmt::Debug for Engine<M> {
 struct Inner<M: StateMachine> {
     restorer: Arc<Restorer<M>>,
     store: Arc<dyn Store>,
-    pool: rayon::ThreadPool,
+    /// The engine's pool: the warm and background drivers run here (SPEC R6, R11).
+    pool: Arc<rayon::ThreadPool>,
     clock: SharedClock,
     incarnation: Incarnation,
     warm_parallelism: usize,
@@ -75,9 +79,10 @@ struct Inner<M: StateMachine> {
     checkpoint_every: Option<u64>,
     /// The epoch fence every write commits through (SPEC F2, F3).
     fence: Fence,
-    /// `true` while open. Calls hold it shared (recursively, so code inside a restore unit can
-    /// call back in); close takes it exclusively, so in-flight calls finish first.
-    open: RwLock<bool>,
+    /// Calls in flight and whether close began (SPEC R11).
+    lifecycle: lifecycle::Lifecycle,
+    /// How long `close` waits for the warm, drivers and calls in flight.
+    close_timeout: std::time::Duration,
     warm: Mutex<Option<Warm>>,
 }
 
@@ -102,11 +107,20 @@ impl<M: StateMachine> Engine<M> {
             restore_config,
             config.metrics,
         ));
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(config.pool_threads)
-            .thread_name(|i| format!("portcullis-{i}"))
-            .build()
-            .map_err(|e| Error::invalid(format!("could not start the thread pool: {e}")))?;
+        let pool = Arc::new(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(config.pool_threads)
+                .thread_name(|i| format!("portcullis-{i}"))
+                .build()
+                .map_err(|e| Error::invalid(format!("could not start the thread pool: {e}")))?,
+        );
+        let fence = Fence::new(
+            Arc::clone(&store_for_fence),
+            Arc::clone(&config.clock),
+            config.fence,
+        );
+        // Background revocation runs on the engine's pool, and close stops it (SPEC R11).
+        fence.set_pool(Arc::clone(&pool));
         ::log::info!(
             "engine open: incarnation {}; entities restore on first touch",
             incarnation.number
@@ -122,12 +136,9 @@ impl<M: StateMachine> Engine<M> {
                 truncate_after_checkpoint: config.truncate_after_checkpoint,
                 register_on_first_write: config.register_on_first_write,
                 checkpoint_every: config.checkpoint_every,
-                fence: Fence::new(
-                    Arc::clone(&store_for_fence),
-                    Arc::clone(&config.clock),
-                    config.fence,
-                ),
-                open: RwLock::new(true),
+                fence,
+                lifecycle: lifecycle::Lifecycle::default(),
+                close_timeout: config.close_timeout,
                 warm: Mutex::new(None),
             }),
         };
@@ -151,21 +162,9 @@ impl<M: StateMachine> Engine<M> {
         Ok(engine)
     }
 
-    /// Holds the engine open for one call, or answers [`Error::Closed`].
-    fn enter(&self) -> Result<RwLockReadGuard<'_, bool>> {
-        let open = self.inner.open.read_recursive();
-        if !*open {
-            return Err(Error::Closed);
-        }
-        Ok(open)
-    }
-
     /// The restored slot of an entity, restoring it now if it is pending (SPEC R2).
     fn touch(&self, entity: &EntityId) -> Result<Arc<restore::Slot<M::State>>> {
-        match self.inner.restorer.touch(entity)? {
-            Touched::Ready(slot) => Ok(slot),
-            Touched::InsideOwnUnit => Err(restore::inside_own_unit(entity)),
-        }
+        self.inner.restorer.touch(entity)
     }
 
     /// This process's incarnation number (1, 2, 3 ...).
@@ -200,6 +199,11 @@ impl<M: StateMachine> Engine<M> {
     /// Reads an entity's state through `f`, restoring it first if it is pending (SPEC R2).
     ///
     /// A contained entity answers [`Error::Contained`] with its named reason (SPEC R4).
+    ///
+    /// `f` runs while the engine holds the entity's state lock: from inside it, calls that
+    /// touch an entity (read, write, append, defer, checkpoint, fold_all) or close the engine
+    /// are refused with [`Error::WouldDeadlock`]; calls that touch none (stats, containment,
+    /// entities) are fine (SPEC R11, `docs/restore.md`).
     pub fn read<T>(&self, entity: &EntityId, f: impl FnOnce(&M::State) -> T) -> Result<T> {
         let _open = self.enter()?;
         let slot = self.touch(entity)?;
@@ -212,12 +216,15 @@ impl<M: StateMachine> Engine<M> {
 
     /// Runs `f` on the loaded state of a restored slot. If the state was taken away between
     /// the touch and the lock (the entity was contained meanwhile), answers the containment.
-    /// Lock order: the state, then (briefly) the gate's mutex, which is a leaf lock.
+    /// Lock order: the state, then (briefly) the gate's mutex, which is a leaf lock. While `f`
+    /// runs, this thread is marked as holding the entity, so any touch from inside `f` is
+    /// refused instead of deadlocking (SPEC R11).
     fn with_loaded<T>(
         &self,
-        slot: &restore::Slot<M::State>,
+        slot: &Arc<restore::Slot<M::State>>,
         mut f: impl FnMut(&mut restore::Loaded<M::State>) -> Result<T>,
     ) -> Result<T> {
+        self.inner.restorer.check_reentry(slot.entity())?;
         for _ in 0..3 {
             let mut state = slot.state();
             // Checked under the state lock: a write that contains the entity does so while
@@ -225,6 +232,7 @@ impl<M: StateMachine> Engine<M> {
             if slot.is_restored()
                 && let Some(loaded) = state.as_mut()
             {
+                let _holding = self.inner.restorer.holding(slot.entity());
                 return f(loaded);
             }
             drop(state);
@@ -244,57 +252,94 @@ impl<M: StateMachine> Engine<M> {
         let restorer = &self.inner.restorer;
         let store = &*self.inner.store;
         let p = entity.partition();
-        self.with_loaded(&slot, |loaded| {
+        let mut contained = None;
+        let done = self.with_loaded(&slot, |loaded| {
             let bytes = restorer.machine().encode_checkpoint(&loaded.state);
             let seq = loaded.head.head.last_seq();
             match log::write_checkpoint(store, &p, &loaded.head, seq, bytes, Default::default())? {
                 Guarded::Committed(head) => loaded.head = head,
-                other => return Err(self.log_moved(&slot, "checkpoint", &other)),
+                other => return Err(self.log_moved(&slot, "checkpoint", &other, &mut contained)),
             }
             if self.inner.truncate_after_checkpoint {
                 match log::truncate_before(store, &p, &loaded.head, seq + 1)? {
                     Guarded::Committed(head) => loaded.head = head,
-                    other => return Err(self.log_moved(&slot, "truncation", &other)),
+                    other => {
+                        return Err(self.log_moved(&slot, "truncation", &other, &mut contained));
+                    }
                 }
             }
             Ok(seq)
-        })
+        });
+        if let Some(reason) = contained {
+            restorer.report_contained(entity, &reason);
+        }
+        done
     }
 
     /// Contains an entity whose log head moved under the engine: its in-memory state no longer
     /// matches the store, so it must be restored again after an operator looks at it.
+    /// The caller holds the state lock; it reports `contained` once the lock is released (no
+    /// application code under a lock, SPEC R11).
     fn log_moved<T: std::fmt::Debug>(
         &self,
         slot: &restore::Slot<M::State>,
         what: &str,
         outcome: &Guarded<T>,
+        contained: &mut Option<Arc<Containment>>,
     ) -> Error {
         let reason = Containment::new(
             ReasonKind::CorruptRecord,
             format!("the log changed under the engine during a {what} ({outcome:?})"),
         );
-        self.inner.restorer.contain_restored(slot, reason)
+        let (error, reason) = self.inner.restorer.contain_restored(slot, reason);
+        *contained = Some(reason);
+        error
     }
 
     /// Checks an entity's newest checkpoint against the history it folds by recomputing the
     /// digest chain (SPEC L4). It reads rows only and holds no entity lock while it runs. A
     /// mismatch contains the entity and is returned as its refusal.
+    ///
+    /// The walk is adopted only if, once it ends, the head still names the same checkpoint
+    /// and the same history root (first retained record and its base digest): a checkpoint
+    /// with truncation that lands during the walk deletes records the walk has not read yet,
+    /// which is not damage, and a checkpoint replaced during the walk was not the one
+    /// verified. The audit then starts over (at most [`AUDIT_ATTEMPTS`] times, then
+    /// `Unavailable`).
     pub fn verify_checkpoint(&self, entity: &EntityId) -> Result<bool> {
         let _open = self.enter()?;
         let slot = self.inner.restorer.slot(entity)?;
         let store = &*self.inner.store;
         let p = entity.partition();
-        let Some(mark) = log::read_head(store, &p)?.head.checkpoint else {
-            return Ok(false);
-        };
-        match log::verify_checkpoint_against_history(store, &p, &mark) {
-            Ok(()) => Ok(true),
-            Err(e @ Error::Corrupt { .. }) => {
-                let reason = Containment::new(ReasonKind::CorruptCheckpoint, e.to_string());
-                Err(self.inner.restorer.contain_unless_running(&slot, reason))
+        for _ in 0..AUDIT_ATTEMPTS {
+            let before = log::read_head(store, &p)?.head;
+            let Some(mark) = before.checkpoint else {
+                return Ok(false);
+            };
+            let walked = log::verify_checkpoint_against_history(store, &p, &mark);
+            let after = log::read_head(store, &p)?.head;
+            let root = |h: &log::LogHead| (h.checkpoint, h.first_seq, h.base_digest);
+            if root(&after) != root(&before) {
+                ::log::debug!(
+                    "{entity}: its checkpoint or history root moved during an audit; auditing again"
+                );
+                continue;
             }
-            Err(e) => Err(e),
+            return match walked {
+                Ok(()) => Ok(true),
+                Err(e @ Error::Corrupt { .. }) => {
+                    let reason = Containment::new(ReasonKind::CorruptCheckpoint, e.to_string());
+                    Err(self.inner.restorer.contain_unless_running(&slot, reason))
+                }
+                Err(e) => Err(e),
+            };
         }
+        Err(Error::Unavailable {
+            reason: format!(
+                "the checkpoint of {entity} changed during each of {AUDIT_ATTEMPTS} audits"
+            ),
+            retry_after_ms: 10,
+        })
     }
 
     /// Starts a background warm of every pending entity, or returns the one already running
@@ -343,6 +388,14 @@ impl<M: StateMachine> Engine<M> {
         mut f: impl FnMut(A, &EntityId, &M::State) -> A,
     ) -> Result<(A, u64)> {
         let _open = self.enter()?;
+        // Waiting for the warm from inside a closure or a restore unit could wait for this
+        // very thread (a warm worker may need the entity it holds): refused (SPEC R11).
+        if let Some(kind) = self.inner.restorer.holding_or_restoring() {
+            return Err(Error::WouldDeadlock {
+                entity: String::new(),
+                detail: format!("fold_all waits for the warm, and was called from inside {kind}"),
+            });
+        }
         self.warm()?.wait();
         let mut acc = init;
         let mut contained = 0;
@@ -381,33 +434,6 @@ impl<M: StateMachine> Engine<M> {
             units_run: self.inner.restorer.units_run(),
             warm: self.current_warm().map(|w| w.progress()),
             store: self.inner.store.stats(),
-        }
-    }
-
-    /// Stops and drains any warm, records a clean shutdown, and closes the store. Later calls
-    /// answer [`Error::Closed`]; closing twice is harmless.
-    pub fn close(&self) -> Result<()> {
-        self.stop_warm();
-        let mut open = self.inner.open.write();
-        if !*open {
-            return Ok(());
-        }
-        *open = false;
-        // Not held while draining: a unit run by the warm may call back into the engine, and
-        // must get `Closed` rather than block on this lock.
-        drop(open);
-        // A warm started by a call that was in flight when close began.
-        self.stop_warm();
-        let phases = self.inner.restorer.phase_counts();
-        let all_restored = phases.restored == phases.entities;
-        incarnation::end_clean(&*self.inner.store, &self.inner.incarnation, all_restored)?;
-        self.inner.store.close()
-    }
-
-    fn stop_warm(&self) {
-        if let Some(warm) = self.current_warm() {
-            warm.stop();
-            warm.wait();
         }
     }
 }

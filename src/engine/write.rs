@@ -80,6 +80,9 @@ impl<M: StateMachine> Engine<M> {
         let mut decide = Some(decide);
         let restorer = &self.inner.restorer;
         let mut checkpoint_due = false;
+        // Reported once the state lock is released: hooks never run under it (SPEC R11).
+        let mut contained = None;
+        let mut appended_report = None;
         let written = self.with_loaded(&slot, |loaded| {
             let decide = decide.take().expect("called once");
             let (records, value) = decide(&loaded.state);
@@ -91,20 +94,31 @@ impl<M: StateMachine> Engine<M> {
             // its lease guard and deadline in front of it, renews the lease if needed and
             // re-plans a bounded number of times (SPEC F2, F3).
             let prepared = log::prepare_append(&loaded.head, &records, Batch::new())?;
+            // From here until the state has folded every record, an unwind (a panic in the
+            // store or the fence after the commit) leaves nobody able to tell what the state
+            // holds: the guard fails the entity closed (SPEC R5).
+            let unsure = Unsure::arm(restorer, &slot);
             let outcome = self
                 .inner
                 .fence
-                .write_engine_rows_with(entity, grant_epoch, |_| Some(prepared.batch.clone()))?;
+                .write_engine_rows_with(entity, grant_epoch, |_| Some(prepared.batch.clone()));
             let appended = match outcome {
-                WriteOutcome::Committed { .. } => prepared.appended,
-                WriteOutcome::PreconditionFailed { index: 0 } => {
-                    return Err(self.log_moved(&slot, "write", &Guarded::<()>::HeadMoved));
+                Ok(WriteOutcome::Committed { .. }) => prepared.appended,
+                Ok(WriteOutcome::PreconditionFailed { index: 0 }) => {
+                    unsure.disarm();
+                    let moved = Guarded::<()>::HeadMoved;
+                    return Err(self.log_moved(&slot, "write", &moved, &mut contained));
                 }
-                other => {
+                Ok(other) => {
+                    unsure.disarm();
                     return Err(Error::Unavailable {
                         reason: format!("the write to {entity} did not commit ({other:?})"),
                         retry_after_ms: 10,
                     });
+                }
+                Err(e) => {
+                    unsure.disarm();
+                    return Err(e);
                 }
             };
             loaded.head = appended.head.clone();
@@ -129,17 +143,26 @@ impl<M: StateMachine> Engine<M> {
                 };
                 // The record is durable but the state could not fold it: the state can no
                 // longer be trusted, and a restore would meet the same record.
-                return Err(restorer.contain_restored(&slot, reason));
+                unsure.disarm();
+                let (error, reason) = restorer.contain_restored(&slot, reason);
+                contained = Some(reason);
+                return Err(error);
             }
-            if let Some(hook) = restorer.metrics() {
-                hook.appended(entity, records.len() as u64, bytes as u64);
-            }
+            unsure.disarm();
+            appended_report = Some((records.len() as u64, bytes as u64));
             checkpoint_due = self.checkpoint_due(&loaded.head.head);
             Ok(Written {
                 seqs: Some(appended.first_seq..=appended.last_seq),
                 value,
             })
-        })?;
+        });
+        if let Some(reason) = contained {
+            restorer.report_contained(entity, &reason);
+        }
+        if let (Some((records, bytes)), Some(hook)) = (appended_report, restorer.metrics()) {
+            hook.appended(entity, records, bytes);
+        }
+        let written = written?;
         if checkpoint_due {
             self.checkpoint_after_write(entity);
         }
@@ -179,6 +202,40 @@ impl<M: StateMachine> Engine<M> {
                 let seqs = self.append(entity, 0, vec![record])?;
                 Ok(Deferred::Applied { seq: *seqs.start() })
             }
+        }
+    }
+}
+
+/// Armed while a write may have committed but its records are not folded yet: dropped armed
+/// (an unwind), it fails the entity closed, since nobody can tell what its state holds
+/// (SPEC R5).
+struct Unsure<'a, M: StateMachine> {
+    restorer: &'a crate::restore::Restorer<M>,
+    slot: &'a crate::restore::Slot<M::State>,
+    armed: bool,
+}
+
+impl<'a, M: StateMachine> Unsure<'a, M> {
+    fn arm(
+        restorer: &'a crate::restore::Restorer<M>,
+        slot: &'a crate::restore::Slot<M::State>,
+    ) -> Self {
+        Unsure {
+            restorer,
+            slot,
+            armed: true,
+        }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl<M: StateMachine> Drop for Unsure<'_, M> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.restorer.fail_closed(self.slot);
         }
     }
 }

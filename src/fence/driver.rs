@@ -1,13 +1,19 @@
-//! The background revocation driver (SPEC F9): runs slices on the rayon pool until
+//! The background revocation driver (SPEC F9): runs slices on a rayon pool until
 //! `Complete`, with a handle to wait (with a timeout) or cancel. Bounded by slice counts as
 //! well as time (F8), so a frozen clock ends it with `Unavailable` instead of hanging it.
+//!
+//! Drivers run on the pool given to [`Fence::set_pool`] (the engine passes its own), or on
+//! rayon's global pool if none was given. The fence keeps the cancel handle of every running
+//! driver, so [`Fence::stop_drivers`] can stop them all, bounded (SPEC R11).
 
+use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam::channel::{self, Receiver, RecvTimeoutError, Sender};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::{Fence, RevokeBudget, RevokeProgress};
 use crate::entity::Namespace;
@@ -94,8 +100,48 @@ impl RevocationHandle {
     }
 }
 
+/// Where drivers run and which are running.
+#[derive(Default)]
+pub(super) struct Drivers {
+    pool: RwLock<Option<Arc<rayon::ThreadPool>>>,
+    running: Mutex<Running>,
+    ended: Condvar,
+}
+
+#[derive(Default)]
+struct Running {
+    /// Set by `stop_drivers`: drivers started later end at once with `Closed`.
+    stopped: bool,
+    next: u64,
+    cancels: HashMap<u64, Sender<()>>,
+}
+
 impl Fence {
-    /// Starts a background revocation of the namespace on the rayon pool (SPEC F9).
+    /// Runs background drivers on `pool` instead of rayon's global pool. The engine passes its
+    /// own pool, so that its drivers never compete with unrelated work and stop with it.
+    pub fn set_pool(&self, pool: Arc<rayon::ThreadPool>) {
+        *self.inner.drivers.pool.write() = Some(pool);
+    }
+
+    /// Cancels every running background driver and waits until they have all ended or
+    /// `deadline` passed; returns whether they all ended. Drivers started afterwards end at
+    /// once with [`Error::Closed`] (SPEC R11: closing stops every driver).
+    pub fn stop_drivers(&self, deadline: Instant) -> bool {
+        let drivers = &self.inner.drivers;
+        let mut running = drivers.running.lock();
+        running.stopped = true;
+        for cancel in running.cancels.values() {
+            let _ = cancel.try_send(());
+        }
+        while !running.cancels.is_empty() {
+            if drivers.ended.wait_until(&mut running, deadline).timed_out() {
+                return running.cancels.is_empty();
+            }
+        }
+        true
+    }
+
+    /// Starts a background revocation of the namespace on the fence's pool (SPEC F9).
     ///
     /// ```
     /// # use std::{sync::Arc, time::Duration};
@@ -111,9 +157,26 @@ impl Fence {
     pub fn revoke_in_background(&self, ns: &Namespace, limits: DriverLimits) -> RevocationHandle {
         let (done_tx, done_rx) = channel::bounded(1);
         let (cancel_tx, cancel_rx) = channel::bounded(1);
+        let handle = RevocationHandle {
+            done: done_rx,
+            cancel: cancel_tx.clone(),
+            taken: Mutex::new(false),
+        };
+        let drivers = &self.inner.drivers;
+        let id = {
+            let mut running = drivers.running.lock();
+            if running.stopped {
+                let _ = done_tx.send(Err(Error::Closed));
+                return handle;
+            }
+            running.next += 1;
+            let id = running.next;
+            running.cancels.insert(id, cancel_tx);
+            id
+        };
         let fence = self.clone();
         let ns = ns.clone();
-        rayon::spawn(move || {
+        let task = move || {
             // A panic in a rayon task would abort the process: catch it and report it.
             let result = catch_unwind(AssertUnwindSafe(|| fence.drive(&ns, limits, &cancel_rx)))
                 .unwrap_or_else(|panic| {
@@ -129,12 +192,15 @@ impl Fence {
                     })
                 });
             let _ = done_tx.send(result);
-        });
-        RevocationHandle {
-            done: done_rx,
-            cancel: cancel_tx,
-            taken: Mutex::new(false),
+            let drivers = &fence.inner.drivers;
+            drivers.running.lock().cancels.remove(&id);
+            drivers.ended.notify_all();
+        };
+        match drivers.pool.read().as_ref() {
+            Some(pool) => pool.spawn(task),
+            None => rayon::spawn(task),
         }
+        handle
     }
 
     fn drive(

@@ -135,17 +135,50 @@ pub fn write_checkpoint(
 ///
 /// A mismatch is [`Error::Corrupt`]: restoring from that checkpoint would fold a history other
 /// than the one stored.
+///
+/// The checkpoint is adopted only if the head still reads the same once the stored digest
+/// has been read (the record row is a separate read): a head that moved meanwhile (another
+/// writer checkpointed or truncated) means the comparison proved nothing, and the load starts
+/// over, at most three times, then answers `Unavailable` (SPEC L4).
 pub fn load_restore_point(
     store: &dyn Store,
     p: &Partition,
 ) -> Result<(HeadSnapshot, Option<Checkpoint>)> {
+    for _ in 0..3 {
+        let (head, checked) = load_once(store, p)?;
+        if read_head(store, p)? == head {
+            return checked.map(|checkpoint| (head, checkpoint));
+        }
+    }
+    Err(Error::Unavailable {
+        reason: format!("the log head of {p} kept moving while its checkpoint was loaded"),
+        retry_after_ms: 10,
+    })
+}
+
+/// One attempt: the head read, and the checkpoint checked against it (an error in the second
+/// part is judged only if the head did not move meanwhile).
+fn load_once(
+    store: &dyn Store,
+    p: &Partition,
+) -> Result<(HeadSnapshot, Result<Option<Checkpoint>>)> {
     let head_key = keys::head_key();
     let ckpt_key = keys::checkpoint_key();
     let mut rows = store.get_many(p, &[&head_key, &ckpt_key])?;
     let ckpt_row = rows.pop().flatten();
     let head = HeadSnapshot::from_row(p, rows.pop().flatten())?;
+    let checked = check_checkpoint(store, p, &head, ckpt_row);
+    Ok((head, checked))
+}
+
+fn check_checkpoint(
+    store: &dyn Store,
+    p: &Partition,
+    head: &HeadSnapshot,
+    ckpt_row: Option<Vec<u8>>,
+) -> Result<Option<Checkpoint>> {
     let Some(mark) = head.head.checkpoint else {
-        return Ok((head, None));
+        return Ok(None);
     };
     let row = ckpt_row.ok_or_else(|| {
         corrupt(
@@ -181,7 +214,7 @@ pub fn load_restore_point(
     if stored != checkpoint.digest {
         return Err(checkpoint_mismatch(p, &checkpoint.mark(), stored));
     }
-    Ok((head, Some(checkpoint)))
+    Ok(Some(checkpoint))
 }
 
 fn checkpoint_mismatch(p: &Partition, mark: &CheckpointMark, history: u64) -> Error {

@@ -15,8 +15,7 @@
 //! (`release` moves Contained or Damaged back to Pending; nothing else ever goes back.)
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::thread::ThreadId;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
@@ -25,10 +24,11 @@ use super::containment::Containment;
 /// Where an entity's restore stands.
 #[derive(Clone, Debug)]
 pub(crate) enum Phase {
-    /// Not restored in this process; the first toucher runs the unit.
-    Pending,
-    /// A unit runs on `by`; everyone else waits.
-    Running { by: ThreadId },
+    /// Not restored in this process; the first toucher runs the unit once no deferral is
+    /// being written (`deferring` rows are in flight, written without the gate's mutex).
+    Pending { deferring: u32 },
+    /// A unit runs on the thread with token `by`; everyone else waits.
+    Running { by: u64 },
     /// Restored; the state is in the slot.
     Restored,
     /// The unit refused; every toucher gets this reason until an operator releases it.
@@ -45,7 +45,13 @@ pub(crate) struct Gate {
     /// Threads parked on `changed` right now (observability, and lets tests know a herd has
     /// formed without sleeping).
     waiters: AtomicUsize,
+    /// The token of the thread running the unit (0: none). Mirrors `Running { by }`, readable
+    /// without the mutex, so the wait-for graph can tell a live edge from a stale one.
+    runner: AtomicU64,
 }
+
+/// A phase with no deferral in flight.
+pub(crate) const PENDING: Phase = Phase::Pending { deferring: 0 };
 
 impl Gate {
     pub(crate) fn new(phase: Phase) -> Self {
@@ -53,7 +59,19 @@ impl Gate {
             phase: Mutex::new(phase),
             changed: Condvar::new(),
             waiters: AtomicUsize::new(0),
+            runner: AtomicU64::new(0),
         }
+    }
+
+    /// The token of the thread running this entity's unit right now (0: none).
+    pub(crate) fn runner(&self) -> u64 {
+        self.runner.load(Ordering::Acquire)
+    }
+
+    /// Claims a pending gate for the thread with token `by` (the caller holds the mutex).
+    pub(crate) fn claim(&self, phase: &mut Phase, by: u64) {
+        *phase = Phase::Running { by };
+        self.runner.store(by, Ordering::Release);
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Phase> {
@@ -92,21 +110,34 @@ impl Gate {
 /// waiting forever or starting a second replay (SPEC R5).
 pub(crate) struct Claim<'a> {
     gate: &'a Gate,
+    by: u64,
     settled: bool,
 }
 
 impl<'a> Claim<'a> {
-    pub(crate) fn new(gate: &'a Gate) -> Self {
+    pub(crate) fn new(gate: &'a Gate, by: u64) -> Self {
         Claim {
             gate,
+            by,
             settled: false,
         }
     }
 
-    /// Records the outcome and wakes the waiters.
-    pub(crate) fn settle(mut self, phase: Phase) {
+    /// Records the outcome and wakes the waiters. Only a gate still `Running` on this claim is
+    /// settled: an outcome recorded meanwhile by someone else (a containment) is never
+    /// overwritten, so a unit can never mark restored an entity contained under it (SPEC R4).
+    /// Returns the phase the gate ends in.
+    pub(crate) fn settle(mut self, outcome: Phase) -> Phase {
         self.settled = true;
-        self.gate.set(phase);
+        let mut phase = self.gate.phase.lock();
+        self.gate.runner.store(0, Ordering::Release);
+        if matches!(*phase, Phase::Running { by } if by == self.by) {
+            *phase = outcome;
+        }
+        let settled = phase.clone();
+        drop(phase);
+        self.gate.changed.notify_all();
+        settled
     }
 }
 
@@ -117,6 +148,7 @@ impl Drop for Claim<'_> {
                 "a thread unwound while owning a restore gate (panicking: {}); the entity is refused until released",
                 std::thread::panicking()
             );
+            self.gate.runner.store(0, Ordering::Release);
             self.gate.set(Phase::Damaged);
         }
     }

@@ -11,7 +11,9 @@
 //! - the first touch of a pending entity runs its unit, at most once per process; concurrent
 //!   touches wait on that entity's gate only and share its outcome (R2);
 //! - code inside a unit that touches its own entity is answered at once, never deadlocked
-//!   (R3): [`Touched::InsideOwnUnit`];
+//!   (R3); a touch that would wait for something its own thread holds (a state lock, its own
+//!   unit) or close a cycle of units waiting for each other is refused with
+//!   [`Error::WouldDeadlock`](crate::Error::WouldDeadlock) (R11);
 //! - a refusing unit contains only its entity, with the same named refusal for every later
 //!   toucher, until [`Restorer::release`] (R4);
 //! - a thread that unwinds while owning a gate leaves the entity refused, never silently
@@ -23,6 +25,7 @@
 //! The full state machine and lock order are in `docs/restore.md`.
 
 mod containment;
+mod defer;
 mod gate;
 pub mod keys;
 mod machine;
@@ -30,16 +33,17 @@ mod registry;
 mod restoring;
 mod telemetry;
 mod unit;
+mod waits;
 mod warm;
 
 pub use containment::{Containment, ReasonKind};
 pub use machine::{ApplyContext, Origin, Rejection, StateMachine};
-pub(crate) use registry::inside_own_unit;
-pub use registry::{Deferral, PhaseCounts, Restorer, Slot, Touched};
+pub use registry::{Deferral, PhaseCounts, Restorer, Slot};
+pub(crate) use restoring::Mark as CallMark;
 pub use telemetry::Metrics;
 pub use unit::{Loaded, UnitReport};
 pub(crate) use warm::start as start_warm;
-pub use warm::{Warm, WarmProgress};
+pub use warm::{REFUSED_NAMED, Warm, WarmProgress};
 
 /// What the restore unit needs to know about this incarnation.
 #[derive(Clone, Debug, PartialEq, Eq)]

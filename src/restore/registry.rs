@@ -11,20 +11,21 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use super::RestoreConfig;
 use super::containment::{Containment, ReasonKind};
-use super::gate::{Claim, Gate, Phase};
+use super::gate::{Claim, Gate, PENDING, Phase};
 use super::keys;
 use super::machine::StateMachine;
-use super::restoring;
+use super::restoring::{self, Kind};
 use super::telemetry::{self, MetricsHook};
 use super::unit::{self, Loaded};
+use super::waits::{RunnerOf, WaitGraph};
 use crate::entity::EntityId;
 use crate::error::{Error, Result};
 use crate::store::{Batch, Outcome, Store};
 
 /// One registered entity: its gate and, once restored, its state.
 pub struct Slot<S> {
-    entity: EntityId,
-    gate: Gate,
+    pub(super) entity: EntityId,
+    pub(super) gate: Gate,
     state: Mutex<Option<Loaded<S>>>,
 }
 
@@ -48,13 +49,10 @@ impl<S> Slot<S> {
     }
 }
 
-/// What a touch found.
-pub enum Touched<S> {
-    /// The entity is restored; its state is in the slot.
-    Ready(Arc<Slot<S>>),
-    /// This thread is inside the entity's own restore unit; its state is not ready yet and the
-    /// caller must not wait for it.
-    InsideOwnUnit,
+impl<S: Send> RunnerOf for Slot<S> {
+    fn gate(&self) -> &Gate {
+        &self.gate
+    }
 }
 
 /// Where deferred work went (SPEC R8).
@@ -85,14 +83,16 @@ pub struct PhaseCounts {
 
 /// The registry of entities, their gates, and the restore unit runner.
 pub struct Restorer<M: StateMachine> {
-    store: Arc<dyn Store>,
+    pub(super) store: Arc<dyn Store>,
     machine: Arc<M>,
-    config: RestoreConfig,
-    slots: RwLock<HashMap<EntityId, Arc<Slot<M::State>>>>,
-    stopping: AtomicUsize,
+    pub(super) config: RestoreConfig,
+    pub(super) slots: RwLock<HashMap<EntityId, Arc<Slot<M::State>>>>,
+    /// Which thread waits on which entity's unit (cycle detection, SPEC R11).
+    pub(super) waits: WaitGraph,
+    pub(super) stopping: AtomicUsize,
     units_run: AtomicU64,
-    arrivals: AtomicU64,
-    metrics: MetricsHook,
+    pub(super) arrivals: AtomicU64,
+    pub(super) metrics: MetricsHook,
 }
 
 impl<M: StateMachine> Restorer<M> {
@@ -108,6 +108,7 @@ impl<M: StateMachine> Restorer<M> {
             machine,
             config,
             slots: RwLock::new(HashMap::new()),
+            waits: WaitGraph::default(),
             stopping: AtomicUsize::new(0),
             units_run: AtomicU64::new(0),
             arrivals: AtomicU64::new(0),
@@ -130,6 +131,54 @@ impl<M: StateMachine> Restorer<M> {
         &self.metrics
     }
 
+    /// This registry's identity in the thread-local marks (its address; it lives in an `Arc`).
+    pub(crate) fn owner(&self) -> usize {
+        std::ptr::from_ref(self).cast::<()>() as usize
+    }
+
+    /// Marks this thread as holding `entity`'s state while application code runs, until the
+    /// guard drops: any touch from there is refused (SPEC R11).
+    pub(crate) fn holding(&self, entity: &EntityId) -> restoring::Mark {
+        restoring::mark(self.owner(), Kind::Holding, Some(entity))
+    }
+
+    /// Marks this thread as inside a public engine call until the guard drops.
+    pub(crate) fn in_call(&self) -> restoring::Mark {
+        restoring::mark(self.owner(), Kind::Call, None)
+    }
+
+    /// Refuses a touch of `entity` that would wait for something this thread holds: the
+    /// entity's own restore unit, or any entity's state lock (SPEC R3, R11).
+    pub(crate) fn check_reentry(&self, entity: &EntityId) -> Result<()> {
+        if restoring::is_restoring(self.owner(), entity) {
+            return Err(inside_own_unit(entity));
+        }
+        if let Some(held) = restoring::held(self.owner()) {
+            return Err(Error::WouldDeadlock {
+                entity: entity.to_string(),
+                detail: format!(
+                    "this thread holds {held} (a read, write or fold_all closure, or apply during a write, is running)"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// What this thread is inside that must not wait for the warm: a closure holding an
+    /// entity, or a restore unit.
+    pub(crate) fn holding_or_restoring(&self) -> Option<&'static str> {
+        if restoring::held(self.owner()).is_some() {
+            return Some("a closure that holds an entity");
+        }
+        restoring::restoring_any(self.owner()).then_some("a restore unit")
+    }
+
+    /// Whether this thread is inside any call, closure or restore unit of this engine (so it
+    /// must not wait for the engine to close).
+    pub(crate) fn inside_engine(&self) -> bool {
+        restoring::innermost(self.owner()).is_some()
+    }
+
     /// Every registered entity: one whose partition exists in the store. Reads partition names
     /// only (SPEC R1), never rows.
     fn registered(&self) -> Result<Vec<EntityId>> {
@@ -143,22 +192,30 @@ impl<M: StateMachine> Restorer<M> {
     fn pending_slot(entity: EntityId) -> Slot<M::State> {
         Slot {
             entity,
-            gate: Gate::new(Phase::Pending),
+            gate: Gate::new(PENDING),
             state: Mutex::new(None),
         }
     }
 
-    /// Registers an entity durably (a marker row creates its partition). Returns `false` if it
-    /// was already registered.
+    /// Registers an entity durably (a marker row, written only if absent, creates its
+    /// partition). Returns `false`, and writes nothing, if the entity is already registered:
+    /// in this process or an earlier one (its partition exists), or by a concurrent call. The
+    /// marker keeps the incarnation that first registered the entity.
     pub(crate) fn register(&self, entity: &EntityId) -> Result<bool> {
         if self.slots.read().contains_key(entity) {
             return Ok(false);
         }
-        let marker = Batch::new().put(
+        let p = entity.partition();
+        if self.store.contains_partition(&p)? {
+            return Ok(false);
+        }
+        let marker = Batch::new().absent(keys::entity_key()).put(
             keys::entity_key(),
             self.config.incarnation.to_be_bytes().to_vec(),
         );
-        let _committed = self.store.apply(&entity.partition(), &marker)?;
+        if self.store.apply(&p, &marker)? != Outcome::Committed {
+            return Ok(false);
+        }
         let mut slots = self.slots.write();
         let mut inserted = false;
         slots.entry(entity.clone()).or_insert_with(|| {
@@ -187,18 +244,18 @@ impl<M: StateMachine> Restorer<M> {
 
     /// Touches an entity (SPEC R2): restores it now if it is pending, waits if another thread
     /// is restoring it, and answers at once if it is restored, contained (SPEC R4) or damaged
-    /// (SPEC R5).
-    pub fn touch(&self, entity: &EntityId) -> Result<Touched<M::State>> {
-        if restoring::is_restoring(entity) {
-            return Ok(Touched::InsideOwnUnit);
-        }
+    /// (SPEC R5). A touch that would wait for something this thread holds (its own unit, a
+    /// state lock, or a cycle of units) is refused with [`Error::WouldDeadlock`] (SPEC R11).
+    pub fn touch(&self, entity: &EntityId) -> Result<Arc<Slot<M::State>>> {
+        self.check_reentry(entity)?;
         let slot = self.slot(entity)?;
         self.ensure(&slot)?;
-        Ok(Touched::Ready(slot))
+        Ok(slot)
     }
 
     /// Makes sure `slot` is restored, running its unit on this thread if it is pending.
-    pub(crate) fn ensure(&self, slot: &Slot<M::State>) -> Result<()> {
+    pub(crate) fn ensure(&self, slot: &Arc<Slot<M::State>>) -> Result<()> {
+        let me = restoring::token();
         let mut phase = slot.gate.lock();
         loop {
             match &*phase {
@@ -206,36 +263,33 @@ impl<M: StateMachine> Restorer<M> {
                 Phase::Contained(reason) => return Err(reason.to_error(&slot.entity)),
                 Phase::Damaged => return Err(fail_closed(&slot.entity)),
                 Phase::Running { by } => {
-                    if *by == std::thread::current().id() {
+                    let by = *by;
+                    if by == me {
                         // Only reachable through a path that skipped the restoring mark.
                         return Err(inside_own_unit(&slot.entity));
                     }
                     if self.is_stopping() {
-                        return Err(Error::Unavailable {
-                            reason: format!(
-                                "{} is being restored by another thread and a warm is stopping",
-                                slot.entity
-                            ),
-                            retry_after_ms: 100,
-                        });
+                        return Err(stopping(&slot.entity));
                     }
+                    let target: Arc<dyn RunnerOf> = Arc::clone(slot) as Arc<dyn RunnerOf>;
+                    let _waiting = self.waits.enter(me, &slot.entity, target, by)?;
                     slot.gate.wait(&mut phase);
                 }
-                Phase::Pending => {
-                    *phase = Phase::Running {
-                        by: std::thread::current().id(),
-                    };
+                // A deferral's row is being written: the unit must not scan the rows yet.
+                Phase::Pending { deferring } if *deferring > 0 => slot.gate.wait(&mut phase),
+                Phase::Pending { .. } => {
+                    slot.gate.claim(&mut phase, me);
                     drop(phase);
-                    return self.run_unit(slot);
+                    return self.run_unit(slot, me);
                 }
             }
         }
     }
 
     /// Runs the restore unit for a slot this thread has claimed, and records the outcome.
-    fn run_unit(&self, slot: &Slot<M::State>) -> Result<()> {
-        let claim = Claim::new(&slot.gate);
-        let _mark = restoring::mark(&slot.entity);
+    fn run_unit(&self, slot: &Slot<M::State>, me: u64) -> Result<()> {
+        let claim = Claim::new(&slot.gate, me);
+        let _mark = restoring::mark(self.owner(), Kind::Restoring, Some(&slot.entity));
         self.units_run.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
@@ -245,10 +299,16 @@ impl<M: StateMachine> Restorer<M> {
         match outcome {
             Ok((loaded, report)) => {
                 *slot.state.lock() = Some(loaded);
-                // A panic in telemetry leaves the claim unsettled: the gate becomes Damaged.
+                // Still inside the unit (no lock held, the restoring mark set): a panic in
+                // telemetry leaves the claim unsettled, and the gate becomes Damaged (SPEC R5).
                 telemetry::restored(&self.metrics, &slot.entity, &report);
-                claim.settle(Phase::Restored);
-                Ok(())
+                match claim.settle(Phase::Restored) {
+                    Phase::Restored => Ok(()),
+                    other => {
+                        *slot.state.lock() = None;
+                        Err(phase_error(&slot.entity, &other))
+                    }
+                }
             }
             Err(reason) => {
                 telemetry::contained(&self.metrics, &slot.entity, &reason, started.elapsed());
@@ -262,19 +322,48 @@ impl<M: StateMachine> Restorer<M> {
     /// Contains a restored entity whose in-memory state can no longer be trusted (a write's
     /// `apply` refused or panicked after its records became durable). The caller holds the
     /// entity's state lock and has already emptied it; the gate's mutex is a leaf lock that
-    /// no thread holds while waiting for state, so taking it here cannot deadlock.
-    pub(crate) fn contain_restored(&self, slot: &Slot<M::State>, reason: Containment) -> Error {
+    /// no thread holds while waiting for state, so taking it here cannot deadlock. An entity
+    /// already contained (or damaged) keeps its first reason.
+    ///
+    /// Telemetry is not called here: the caller reports the returned reason with
+    /// [`report_contained`](Self::report_contained) once it has released the state lock
+    /// (SPEC R11: no application code under an internal lock).
+    pub(crate) fn contain_restored(
+        &self,
+        slot: &Slot<M::State>,
+        reason: Containment,
+    ) -> (Error, Arc<Containment>) {
         let error = reason.to_error(&slot.entity);
         let reason = Arc::new(reason);
-        // Recorded before telemetry runs, so a panicking hook cannot leave it looking restored.
-        slot.gate.set(Phase::Contained(Arc::clone(&reason)));
-        telemetry::contained(
-            &self.metrics,
-            &slot.entity,
-            &reason,
-            std::time::Duration::ZERO,
+        let mut phase = slot.gate.lock();
+        if matches!(*phase, Phase::Restored) {
+            *phase = Phase::Contained(Arc::clone(&reason));
+        }
+        drop(phase);
+        slot.gate.nudge();
+        (error, reason)
+    }
+
+    /// Fails a restored entity closed (SPEC R5): a write unwound after its batch may have
+    /// committed, so whether the state holds its records cannot be told. The caller holds the
+    /// entity's state lock (the gate's mutex is a leaf).
+    pub(crate) fn fail_closed(&self, slot: &Slot<M::State>) {
+        let mut phase = slot.gate.lock();
+        if matches!(*phase, Phase::Restored) {
+            *phase = Phase::Damaged;
+        }
+        drop(phase);
+        slot.gate.nudge();
+        ::log::warn!(
+            "{}: a write unwound after its batch may have committed; the entity is refused until released",
+            slot.entity
         );
-        error
+    }
+
+    /// Reports a containment found by [`contain_restored`](Self::contain_restored) (log line
+    /// and metrics hook), with no lock held.
+    pub(crate) fn report_contained(&self, entity: &EntityId, reason: &Containment) {
+        telemetry::contained(&self.metrics, entity, reason, std::time::Duration::ZERO);
     }
 
     /// Contains an entity found damaged by an audit that ran off its lock, unless a restore
@@ -304,11 +393,25 @@ impl<M: StateMachine> Restorer<M> {
 
     /// Releases a contained (or fail-closed) entity so its next touch runs the whole unit again
     /// (SPEC R4). Returns whether it was contained.
+    ///
+    /// The release takes the entity's state lock first, so it never overlaps a call that is
+    /// still using the entity (a write that committed a record and is about to contain the
+    /// entity over it): a unit that ran meanwhile could miss that record and serve stale
+    /// state (SPEC R4). While such a call runs, the release answers `Unavailable`; retry it.
     pub fn release(&self, entity: &EntityId) -> Result<bool> {
         let slot = self.slot(entity)?;
+        let Some(mut state) = slot.state.try_lock() else {
+            return Err(Error::Unavailable {
+                reason: format!(
+                    "a call is still using {entity} (a write may be about to contain it); it was not released"
+                ),
+                retry_after_ms: 10,
+            });
+        };
         let mut phase = slot.gate.lock();
         if matches!(*phase, Phase::Contained(_) | Phase::Damaged) {
-            *phase = Phase::Pending;
+            *phase = PENDING;
+            *state = None;
             ::log::warn!("released {entity}: its next touch runs its restore unit again");
             return Ok(true);
         }
@@ -326,61 +429,17 @@ impl<M: StateMachine> Restorer<M> {
         })
     }
 
-    /// Queues a record for a pending entity durably, without restoring it (SPEC R8). If the
-    /// entity is restored, answers [`Deferral::AlreadyRestored`] and stores nothing.
-    pub(crate) fn defer(&self, entity: &EntityId, record: &[u8]) -> Result<Deferral> {
-        if restoring::is_restoring(entity) {
-            return Err(inside_own_unit(entity));
-        }
-        let slot = self.slot(entity)?;
-        let mut phase = slot.gate.lock();
-        loop {
-            match &*phase {
-                Phase::Pending => {
-                    // Written while holding the gate: the unit cannot start (and scan the
-                    // deferred rows) until this row is either committed or refused.
-                    let arrival = self.arrivals.fetch_add(1, Ordering::Relaxed);
-                    let key = keys::deferred_key(self.config.incarnation, arrival);
-                    let batch = Batch::new().absent(key.clone()).put(key, record.to_vec());
-                    return match self.store.apply(&entity.partition(), &batch)? {
-                        Outcome::Committed => {
-                            if let Some(hook) = &self.metrics {
-                                hook.deferred(entity, record.len());
-                            }
-                            Ok(Deferral::Queued)
-                        }
-                        other => Err(Error::Unavailable {
-                            reason: format!("deferring to {entity} was refused: {other:?}"),
-                            retry_after_ms: 10,
-                        }),
-                    };
-                }
-                Phase::Restored => return Ok(Deferral::AlreadyRestored),
-                Phase::Contained(reason) => return Err(reason.to_error(entity)),
-                Phase::Damaged => return Err(fail_closed(entity)),
-                Phase::Running { .. } => {
-                    if self.is_stopping() {
-                        return Err(Error::Unavailable {
-                            reason: format!("{entity} is being restored and a warm is stopping"),
-                            retry_after_ms: 100,
-                        });
-                    }
-                    slot.gate.wait(&mut phase);
-                }
-            }
-        }
-    }
-
     /// The entities still pending, in name order. Lists partition names (O(entities)).
+    /// The registry's lock is not held while gates are locked (SPEC R11).
     pub fn pending(&self) -> Result<Vec<EntityId>> {
         let registered = self.registered()?;
-        let slots = self.slots.read();
+        let slots: HashMap<EntityId, Arc<Slot<M::State>>> = self.slots.read().clone();
         Ok(registered
             .into_iter()
             .filter(|e| {
                 slots
                     .get(e)
-                    .is_none_or(|s| matches!(*s.gate.lock(), Phase::Pending))
+                    .is_none_or(|s| matches!(*s.gate.lock(), Phase::Pending { .. }))
             })
             .collect())
     }
@@ -406,7 +465,7 @@ impl<M: StateMachine> Restorer<M> {
         for slot in slots {
             counts.waiting += slot.gate.waiters() as u64;
             match &*slot.gate.lock() {
-                Phase::Pending => counts.pending += 1,
+                Phase::Pending { .. } => counts.pending += 1,
                 Phase::Running { .. } => counts.running += 1,
                 Phase::Restored => counts.restored += 1,
                 Phase::Contained(_) | Phase::Damaged => counts.contained += 1,
@@ -440,6 +499,21 @@ impl<M: StateMachine> Restorer<M> {
     }
 }
 
+pub(super) fn stopping(entity: &EntityId) -> Error {
+    Error::Unavailable {
+        reason: format!("{entity} is being restored by another thread and a warm is stopping"),
+        retry_after_ms: 100,
+    }
+}
+
+/// The refusal for a phase that is not `Restored`.
+fn phase_error(entity: &EntityId, phase: &Phase) -> Error {
+    match phase {
+        Phase::Contained(reason) => reason.to_error(entity),
+        _ => fail_closed(entity),
+    }
+}
+
 fn damaged_reason() -> Containment {
     Containment::new(
         ReasonKind::FailClosed,
@@ -447,15 +521,14 @@ fn damaged_reason() -> Containment {
     )
 }
 
-fn fail_closed(entity: &EntityId) -> Error {
+pub(super) fn fail_closed(entity: &EntityId) -> Error {
     damaged_reason().to_error(entity)
 }
 
 pub(crate) fn inside_own_unit(entity: &EntityId) -> Error {
-    Error::Unavailable {
-        reason: format!(
-            "{entity} was touched from inside its own restore unit; its state is not ready yet"
-        ),
-        retry_after_ms: 0,
+    Error::WouldDeadlock {
+        entity: entity.to_string(),
+        detail: "it was touched from inside its own restore unit, whose state is not ready yet"
+            .to_owned(),
     }
 }

@@ -87,13 +87,24 @@ pub(crate) fn contained(
 }
 
 pub(crate) fn warm_finished(hook: &MetricsHook, progress: &WarmProgress) {
+    let state = if progress.stopped {
+        "stopped"
+    } else {
+        "finished"
+    };
+    let names: Vec<String> = progress
+        .refused_entities
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let more = progress.refused.saturating_sub(names.len() as u64);
+    let refused = match (names.is_empty(), more) {
+        (true, _) => String::new(),
+        (false, 0) => format!(" ({})", names.join(", ")),
+        (false, more) => format!(" ({} and {more} more)", names.join(", ")),
+    };
     ::log::info!(
-        "warm {}: {} of {} entities done, {} refused, in {:?}",
-        if progress.stopped {
-            "stopped"
-        } else {
-            "finished"
-        },
+        "warm {state}: {} of {} entities done, {} refused{refused}, in {:?}",
         progress.done,
         progress.total,
         progress.refused,

@@ -4,10 +4,14 @@
 //! 1. Load the newest checkpoint (checked against the head and the stored digest, SPEC L4) or
 //!    start fresh.
 //! 2. Replay the log tail, verifying the digest chain record by record.
-//! 3. Move deferred work into the log in arrival order (SPEC R8) and fold it.
-//! 4. If the previous incarnation ended uncleanly and this entity was not yet repaired for it,
-//!    run the application's repair; its records and the "repaired for" mark commit in one batch.
-//! 5. Publish a checkpoint if one is owed (long tail, or the repair changed state).
+//! 3. If the replayed tail was longer than the bound, publish a checkpoint now, before
+//!    deferred work is applied.
+//! 4. Move deferred work into the log in arrival order (SPEC R8) and fold it.
+//! 5. If the previous incarnation ended uncleanly and this entity was not yet repaired for it,
+//!    run the application's repair; its records and the "repaired for" mark commit in one
+//!    batch. Then drain any work deferred to the entity meanwhile (by the repair itself).
+//! 6. Publish a checkpoint if one is owed again (the repair changed state, or the records
+//!    folded since the last checkpoint exceed the bound).
 //!
 //! Any refusal returns a [`Containment`] naming the step; the caller records it (SPEC R4).
 //! Every call into the application is wrapped in `catch_unwind`, so a panic names its step.
@@ -94,9 +98,30 @@ pub(crate) fn run<M: StateMachine>(
     };
     let mut report = UnitReport::default();
     let (mut state, mut head) = unit.load_and_replay(&mut report)?;
+    // A long replayed tail owes a checkpoint now, before deferred work is applied: a crash
+    // during the rest of the unit then restarts from it (SPEC R3).
+    let mut since_checkpoint = report.replayed;
+    if since_checkpoint > config.checkpoint_tail_bound {
+        unit.warn_long_tail(since_checkpoint);
+        head = unit.publish_checkpoint(&state, head, &mut report)?;
+        since_checkpoint = 0;
+    }
+    let deferred = report.deferred;
     head = unit.drain_deferred(&mut state, head, &mut report)?;
+    since_checkpoint += report.deferred - deferred;
     head = unit.repair(&mut state, head, &mut report)?;
-    head = unit.publish_owed_checkpoint(&state, head, &mut report)?;
+    // Work the repair left pending (deferred to this entity from inside the unit) is drained
+    // before the entity is served.
+    let deferred = report.deferred;
+    head = unit.drain_deferred(&mut state, head, &mut report)?;
+    since_checkpoint += report.repaired + report.deferred - deferred;
+    // A repair that changed state owes a checkpoint, as does a long tail since the last one.
+    if report.repaired > 0 || since_checkpoint > config.checkpoint_tail_bound {
+        if since_checkpoint > config.checkpoint_tail_bound {
+            unit.warn_long_tail(since_checkpoint);
+        }
+        head = unit.publish_checkpoint(&state, head, &mut report)?;
+    }
     report.elapsed = started.elapsed();
     Ok((Loaded { state, head }, report))
 }
@@ -262,23 +287,21 @@ impl<M: StateMachine> Unit<'_, M> {
         Ok(appended.head)
     }
 
-    fn publish_owed_checkpoint(
+    fn warn_long_tail(&self, tail: u64) {
+        ::log::warn!(
+            "{}: folded a tail of {tail} records (bound {}); publishing a checkpoint",
+            self.entity,
+            self.config.checkpoint_tail_bound
+        );
+    }
+
+    /// Publishes a checkpoint of `state` at the head's last record (SPEC L3).
+    fn publish_checkpoint(
         &self,
         state: &M::State,
         head: HeadSnapshot,
         report: &mut UnitReport,
     ) -> Result<HeadSnapshot, Containment> {
-        let tail = report.replayed + report.deferred + report.repaired;
-        if tail <= self.config.checkpoint_tail_bound && report.repaired == 0 {
-            return Ok(head);
-        }
-        if tail > self.config.checkpoint_tail_bound {
-            ::log::warn!(
-                "{}: replayed a tail of {tail} records (bound {}); publishing a checkpoint",
-                self.entity,
-                self.config.checkpoint_tail_bound
-            );
-        }
         let bytes = app("checkpoint encode", || {
             self.machine.encode_checkpoint(state)
         })?;

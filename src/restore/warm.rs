@@ -26,6 +26,9 @@ pub struct WarmProgress {
     pub total: u64,
     /// Entities that were refused (contained).
     pub refused: u64,
+    /// The first refused entities, in the order they were refused: at most
+    /// [`REFUSED_NAMED`] of the `refused` (SPEC R9).
+    pub refused_entities: Vec<EntityId>,
     /// Time since the warm started (until it finished, once it has).
     pub elapsed: Duration,
     /// Whether every worker has ended.
@@ -34,6 +37,9 @@ pub struct WarmProgress {
     pub stopped: bool,
 }
 
+/// At most this many refused entities are named in a warm's progress and summary.
+pub const REFUSED_NAMED: usize = 16;
+
 /// Log a debug progress line every this many entities.
 const PROGRESS_EVERY: u64 = 1_000;
 
@@ -41,6 +47,7 @@ struct Shared {
     total: u64,
     done: AtomicU64,
     refused: AtomicU64,
+    refused_named: Mutex<Vec<EntityId>>,
     started: Instant,
     stop: AtomicBool,
     finished: Mutex<Option<Duration>>,
@@ -120,6 +127,7 @@ fn progress_of(s: &Shared) -> WarmProgress {
         done: s.done.load(Ordering::Acquire),
         total: s.total,
         refused: s.refused.load(Ordering::Acquire),
+        refused_entities: s.refused_named.lock().clone(),
         elapsed: finished.unwrap_or_else(|| s.started.elapsed()),
         finished: finished.is_some(),
         stopped: s.stop.load(Ordering::Acquire),
@@ -139,6 +147,7 @@ pub(crate) fn start<M: StateMachine>(
         total: ids.len() as u64,
         done: AtomicU64::new(0),
         refused: AtomicU64::new(0),
+        refused_named: Mutex::new(Vec::new()),
         started: Instant::now(),
         stop: AtomicBool::new(false),
         finished: Mutex::new(None),
@@ -194,6 +203,11 @@ fn work<M: StateMachine>(
             }
         };
         if refused {
+            let mut named = shared.refused_named.lock();
+            if named.len() < REFUSED_NAMED {
+                named.push(entity.clone());
+            }
+            drop(named);
             shared.refused.fetch_add(1, Ordering::AcqRel);
         }
         let done = shared.done.fetch_add(1, Ordering::AcqRel) + 1;

@@ -1,19 +1,30 @@
 //! The partition store (SPEC S1-S10).
 //!
 //! Owns: the store contract ([`Store`]), its vocabulary ([`Batch`], [`Outcome`], ...), the
-//! file-backed store (the default) and the in-memory store (for tests). It knows nothing of
+//! file-backed store (the default), the in-memory store (for tests) and, with the `etcd`
+//! feature, the etcd backend (`EtcdStore`). It knows nothing of
 //! entities, epochs or restores, and calls nothing above it.
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod file;
 mod iter;
 mod memory;
 mod types;
 
-pub use file::{
-    CompactionReport, DamagedRecord, FailMode, FaultFs, FileStore, FileStoreBuilder, OpenMode,
-    OpenReport, OsFs, PathKind, SyncPolicy, TornTail, Vfs, VfsFile, VfsLock,
+#[cfg(feature = "etcd")]
+pub use etcd::{
+    ETCD_DEFAULT_MAX_REQUEST_BYTES, ETCD_DEFAULT_MAX_TXN_OPS, EtcdStore, EtcdStoreBuilder,
 };
 
+pub use file::{
+    CompactionReport, CrashPoint, DamagedRecord, FailMode, FaultFs, FileStore, FileStoreBuilder,
+    OpenMode, OpenReport, OsFs, PathKind, RefusedPartition, StoreDamage, SyncPolicy, TornTail, Vfs,
+    VfsFile, VfsLock,
+};
+
+#[cfg(feature = "fault-injection")]
+pub use file::SkipSync;
 pub(crate) use file::{FileCheck, FileState, check_unopened};
 pub use iter::{ENTRIES_PAGE, Entries};
 pub use memory::MemoryStore;

@@ -31,6 +31,8 @@ pub struct TestMachine {
     pub repairs: Mutex<Vec<(EntityId, u64)>>,
     pub repair_records: Mutex<Vec<Vec<u8>>>,
     pub on_unit_start: Mutex<Option<Hook>>,
+    /// Runs inside `repair` (to call back into the engine from the repair step).
+    pub on_repair: Mutex<Option<Hook>>,
     pub panic_in_repair: AtomicBool,
     pub panic_in_encode: AtomicBool,
     /// Every record `apply` folded: entity, seq, origin (SPEC R3).
@@ -123,6 +125,10 @@ impl StateMachine for TestMachine {
 
     fn repair(&self, e: &EntityId, _: &Folded, unclean: u64) -> Result<Vec<Vec<u8>>, Rejection> {
         self.repairs.lock().push((e.clone(), unclean));
+        let hook = self.on_repair.lock().clone();
+        if let Some(hook) = hook {
+            hook(e);
+        }
         if self.panic_in_repair.load(Ordering::SeqCst) {
             panic!("repair crashed");
         }
@@ -130,13 +136,21 @@ impl StateMachine for TestMachine {
     }
 }
 
+type StoreHook = Arc<dyn Fn(&Partition, &Batch) + Send + Sync>;
+type ScanHook = Arc<dyn Fn(&Partition, &KeyRange) + Send + Sync>;
+
 /// A store wrapper that survives `close` (so a test can reopen an engine over the same data),
-/// and can fail reads or writes of one partition on demand (an I/O error).
+/// and can fail reads or writes of one partition on demand (an I/O error). Optional hooks run
+/// before a batch is applied, after it committed, and before a scan (to pause a step with a
+/// channel, or to change rows under a reader); each is taken out of its lock before it runs.
 pub struct TestStore {
     pub inner: MemoryStore,
     pub fail_reads_of: Mutex<Option<Partition>>,
     pub fail_writes_of: Mutex<Option<Partition>>,
     pub entity_reads: AtomicU64,
+    pub before_apply: Mutex<Option<StoreHook>>,
+    pub after_apply: Mutex<Option<StoreHook>>,
+    pub before_scan: Mutex<Option<ScanHook>>,
 }
 
 impl TestStore {
@@ -146,7 +160,28 @@ impl TestStore {
             fail_reads_of: Mutex::new(None),
             fail_writes_of: Mutex::new(None),
             entity_reads: AtomicU64::new(0),
+            before_apply: Mutex::new(None),
+            after_apply: Mutex::new(None),
+            before_scan: Mutex::new(None),
         })
+    }
+
+    pub fn set_before_apply(&self, hook: impl Fn(&Partition, &Batch) + Send + Sync + 'static) {
+        *self.before_apply.lock() = Some(Arc::new(hook));
+    }
+
+    pub fn set_after_apply(&self, hook: impl Fn(&Partition, &Batch) + Send + Sync + 'static) {
+        *self.after_apply.lock() = Some(Arc::new(hook));
+    }
+
+    pub fn set_before_scan(&self, hook: impl Fn(&Partition, &KeyRange) + Send + Sync + 'static) {
+        *self.before_scan.lock() = Some(Arc::new(hook));
+    }
+
+    pub fn clear_hooks(&self) {
+        *self.before_apply.lock() = None;
+        *self.after_apply.lock() = None;
+        *self.before_scan.lock() = None;
     }
 
     fn read(&self, p: &Partition) -> portcullis::Result<()> {
@@ -180,6 +215,10 @@ impl Store for TestStore {
         limit: usize,
     ) -> portcullis::Result<ScanPage> {
         self.read(p)?;
+        let hook = self.before_scan.lock().clone();
+        if let Some(hook) = hook {
+            hook(p, range);
+        }
         self.inner.scan(p, range, cursor, limit)
     }
     fn apply(&self, p: &Partition, batch: &Batch) -> portcullis::Result<Outcome> {
@@ -189,7 +228,18 @@ impl Store for TestStore {
                 source: std::io::Error::other("injected write failure"),
             });
         }
-        self.inner.apply(p, batch)
+        let hook = self.before_apply.lock().clone();
+        if let Some(hook) = hook {
+            hook(p, batch);
+        }
+        let outcome = self.inner.apply(p, batch)?;
+        let hook = self.after_apply.lock().clone();
+        if let Some(hook) = hook
+            && outcome == Outcome::Committed
+        {
+            hook(p, batch);
+        }
+        Ok(outcome)
     }
     fn list_partitions(&self, prefix: &[u8]) -> portcullis::Result<Vec<Partition>> {
         self.inner.list_partitions(prefix)
@@ -234,4 +284,34 @@ pub fn payloads(engine: &TestEngine, e: &EntityId) -> portcullis::Result<Vec<Vec
 /// close it cleanly, SPEC R11). The store wrapper keeps the data for the next open.
 pub fn crash(engine: TestEngine) {
     std::mem::forget(engine);
+}
+
+/// Runs `f` on its own thread and returns its result, failing the test if it has not finished
+/// within ten seconds. This bounds a hang (a deadlock the test is checking for); it is never
+/// used to wait for time to pass.
+pub fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = crossbeam::channel::bounded(1);
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+        Ok(value) => value,
+        Err(_) => panic!("{what} did not finish within 10 s: it is deadlocked"),
+    }
+}
+
+/// Whether a batch writes a log record (`\0log.rec...`).
+pub fn writes_records(batch: &Batch) -> bool {
+    batch.ops().iter().any(|op| match op {
+        portcullis::store::Op::Put(k, _) => k.starts_with(b"\0log.rec"),
+        _ => false,
+    })
+}
+
+/// Whether a batch writes a deferred row (`\0defer.`).
+pub fn writes_deferral(batch: &Batch) -> bool {
+    batch.ops().iter().any(|op| match op {
+        portcullis::store::Op::Put(k, _) => k.starts_with(b"\0defer."),
+        _ => false,
+    })
 }

@@ -7,7 +7,11 @@
 
 pub mod backends;
 pub mod check;
+pub mod crash;
+pub mod disk;
 pub mod engine;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod layout;
 pub mod logs;
 pub mod rng;

@@ -89,3 +89,37 @@ pub fn batch(n: u64) -> Batch {
     }
     b
 }
+
+/// The partition writer thread `t` of a group-commit workload owns.
+pub fn writer_partition(t: usize) -> Partition {
+    Partition::new(format!("writer-{t}")).unwrap()
+}
+
+/// Batch `i` (from 1) of one writer thread: guarded on its previous generation, it sets the
+/// generation and rows tagged with it.
+pub fn writer_batch(i: u64) -> Batch {
+    let guard = if i == 1 {
+        Batch::new().absent(GEN_KEY.to_vec())
+    } else {
+        Batch::new().equals(GEN_KEY.to_vec(), encode_gen(i - 1))
+    };
+    writer_ops(i)
+        .into_iter()
+        .fold(guard, |b, (k, v)| b.put(k, v))
+}
+
+fn writer_ops(i: u64) -> [(Vec<u8>, Vec<u8>); 3] {
+    [
+        (GEN_KEY.to_vec(), encode_gen(i)),
+        (
+            b"a".to_vec(),
+            format!("{i};").repeat(1 + (i % 50) as usize).into_bytes(),
+        ),
+        (format!("b{}", i % 3).into_bytes(), encode_gen(i)),
+    ]
+}
+
+/// The rows of a writer's partition after its batches `1..=g`.
+pub fn writer_rows(g: u64) -> std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
+    (1..=g).flat_map(writer_ops).collect()
+}

@@ -3,6 +3,8 @@
 
 mod model;
 mod rng;
+#[cfg(feature = "fault-injection")]
+pub(crate) mod skip;
 #[cfg(test)]
 mod tests;
 
@@ -33,16 +35,26 @@ pub enum FailMode {
 ///
 /// It keeps, for every file, the bytes readers see now, the bytes the last `sync_data` made
 /// durable, and the writes in between; for every directory, the entries readers see now and
-/// the entries the last `sync_dir` made durable. Directories themselves
-/// ([`Vfs::create_dir_all`]) are durable at once.
+/// the entries the last `sync_dir` made durable. A new directory ([`Vfs::create_dir_all`]) is
+/// an entry of its parent like any other: durable only once the parent is synced.
 ///
-/// - [`FaultFs::crash`] builds the disk a power cut could leave: durable state plus a seeded
-///   part of what was not yet synced, with the next write possibly torn (cut short, or followed
-///   by garbage). [`FaultFs::crash_process`] builds the disk a killed process leaves, where the
-///   operating system keeps every write.
+/// - [`FaultFs::crash`] builds the disk a power cut could leave, as unkindly as real disks and
+///   kernels do (the ALICE and CrashMonkey findings): the durable state, plus any subset of the
+///   unsynced writes cut into 4 KiB pages ([`FaultFs::PAGE`]), kept out of order, any kept piece possibly
+///   torn (cut short, then old bytes, zeros or garbage where the rest should be); and any subset
+///   of the directory changes since the directory's last sync (a created or renamed file may
+///   vanish, a removed one reappear; a lost directory takes its contents with it). A crash
+///   inside a `sync_data` is the same: some of its pages made it.
+/// - [`FaultFs::crash_process`] builds the disk a killed process leaves: the operating system
+///   keeps every write in its page cache, readable, but no more durable than before, so a
+///   later [`FaultFs::crash`] of that image may still lose it.
 /// - Every call through [`Vfs`] or [`VfsFile`] is one numbered operation ([`FaultFs::ops`]);
 ///   [`FaultFs::fail_at`] makes one of them fail, [`FaultFs::fail_syncs`] makes every
-///   `sync_data` fail and lose the unsynced writes, as Linux does after a failed fsync.
+///   `sync_data` fail. A failed write may have written a part of its bytes; a failed sync may
+///   have made some pages durable and loses the rest for good, as Linux does after a failed
+///   fsync.
+/// - [`FaultFs::record_crash_points`] keeps a copy of the disk before every operation that
+///   changes it, so one run of a workload (threads included) yields every crash point at once.
 /// - [`Vfs::try_lock`] is exclusive per path within one `FaultFs` (and all its clones).
 ///
 /// Cloning gives another handle to the same disk. Paths are plain keys: use absolute paths.
@@ -53,6 +65,7 @@ pub enum FailMode {
 ///
 /// let fs = FaultFs::new();
 /// fs.create_dir_all(Path::new("/db")).unwrap();
+/// fs.sync_dir(Path::new("/")).unwrap(); // a new directory is an entry of its parent
 /// let file = fs.open(Path::new("/db/log"), OpenMode::CreateNew).unwrap();
 /// fs.sync_dir(Path::new("/db")).unwrap();
 /// file.write_all_at(b"durable", 0).unwrap();
@@ -65,9 +78,11 @@ pub enum FailMode {
 ///     let bytes = image.read_file(Path::new("/db/log")).unwrap();
 ///     assert!(bytes.starts_with(b"durable"));
 /// }
-/// // A killed process loses nothing that reached the operating system.
+/// // A killed process loses nothing that reached the operating system ...
 /// let image = fs.crash_process();
 /// assert_eq!(image.read_file(Path::new("/db/log")).unwrap(), b"durable and not");
+/// // ... but what it did not sync is no safer for that: a power cut may still take it.
+/// assert!(image.has_unsynced());
 /// ```
 #[derive(Clone, Default)]
 pub struct FaultFs {
@@ -84,9 +99,15 @@ struct State {
 #[derive(Default)]
 struct Faults {
     ops: u64,
+    /// Seeds the choices faults make (how much of a failed write or sync reached the disk).
+    seed: u64,
+    /// Copies of the disk before each changing operation, while recording.
+    recording: Option<Vec<CrashPoint>>,
     fail_at: Option<(u64, FailMode)>,
     dead: bool,
     fail_syncs: bool,
+    /// The operation that just failed was chosen by `fail_at`: a write may have done part.
+    tear: bool,
     read_only: bool,
     injected: Option<String>,
 }
@@ -100,6 +121,9 @@ enum Access {
 }
 
 impl FaultFs {
+    /// The unit in which unsynced writes reach the disk at a crash (a page-cache page).
+    pub const PAGE: u64 = model::PAGE;
+
     /// An empty disk holding only the root directory, with no faults planned.
     pub fn new() -> Self {
         Self::default()
@@ -128,10 +152,38 @@ impl FaultFs {
         FaultFs::from_disk(self.shared.lock().disk.crash_image(&mut rng))
     }
 
-    /// The disk a killed process leaves: every write reached the operating system, so all of
-    /// the current state survives (but no lock does).
+    /// The disk a killed process leaves: every write reached the operating system, so readers
+    /// see all of the current state (but no lock survives). What was not synced is still not
+    /// durable: a [`FaultFs::crash`] of the image may lose it, as a power cut after the
+    /// process died would.
     pub fn crash_process(&self) -> FaultFs {
-        FaultFs::from_disk(self.shared.lock().disk.process_crash_image())
+        FaultFs::from_disk(self.shared.lock().disk.clone())
+    }
+
+    /// Starts keeping a copy of the disk before every operation that changes it (a write, a
+    /// sync, a creation, a rename, a removal), for [`FaultFs::take_crash_points`]. Copies share
+    /// unchanged files, so this is cheap even at every operation.
+    pub fn record_crash_points(&self) {
+        self.shared.lock().faults.recording = Some(Vec::new());
+    }
+
+    /// The crash points recorded since [`FaultFs::record_crash_points`], in order, followed by
+    /// one for the disk as it is now; recording stops.
+    pub fn take_crash_points(&self) -> Vec<CrashPoint> {
+        let mut state = self.shared.lock();
+        let mut points = state.faults.recording.take().unwrap_or_default();
+        points.push(CrashPoint {
+            op: state.faults.ops + 1,
+            what: "after the last operation".into(),
+            disk: state.disk.clone(),
+        });
+        points
+    }
+
+    /// Seeds the choices faults make: how much of a failed write reached the page cache, and
+    /// which pages of a failed sync reached the disk (default 0).
+    pub fn set_fault_seed(&self, seed: u64) {
+        self.shared.lock().faults.seed = seed;
     }
 
     /// An independent copy of the disk as it is now: current, durable and unsynced state alike,
@@ -161,12 +213,15 @@ impl FaultFs {
         self.shared.lock().faults.read_only = read_only;
     }
 
-    /// Cancels every planned fault and revives a dead disk. The operation count continues.
+    /// Cancels every planned fault and revives a dead disk. The operation count, the fault
+    /// seed and any recording continue.
     pub fn clear_faults(&self) {
         let mut state = self.shared.lock();
-        let ops = state.faults.ops;
+        let faults = std::mem::take(&mut state.faults);
         state.faults = Faults {
-            ops,
+            ops: faults.ops,
+            seed: faults.seed,
+            recording: faults.recording,
             ..Faults::default()
         };
     }
@@ -186,8 +241,8 @@ impl FaultFs {
         !self.unsynced().is_empty()
     }
 
-    /// What awaits a sync, described: "entries of <dir>" for a directory whose entry changes
-    /// are not yet synced, "writes to <file>" for a file with unsynced writes.
+    /// What awaits a sync, described: "entries of `dir`" for a directory whose entry changes
+    /// are not yet synced, "writes to `file`" for a file with unsynced writes.
     pub fn unsynced(&self) -> Vec<String> {
         self.shared.lock().disk.unsynced()
     }
@@ -206,16 +261,70 @@ impl FaultFs {
     }
 }
 
+/// A crash point: the disk as it was just before one operation started.
+#[derive(Clone)]
+pub struct CrashPoint {
+    /// The operation's number (see [`FaultFs::ops`]): the disk holds what operations `1..op`
+    /// did.
+    pub op: u64,
+    /// What that operation was about to do.
+    pub what: String,
+    disk: Disk,
+}
+
+impl CrashPoint {
+    /// The disk a power cut at this instant could leave, chosen by `seed` (see
+    /// [`FaultFs::crash`]).
+    pub fn power_cut(&self, seed: u64) -> FaultFs {
+        FaultFs::from_disk(self.disk.crash_image(&mut Rng::new(seed)))
+    }
+
+    /// The disk a process killed at this instant leaves (see [`FaultFs::crash_process`]).
+    pub fn kill(&self) -> FaultFs {
+        FaultFs::from_disk(self.disk.clone())
+    }
+}
+
+impl fmt::Debug for CrashPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "before operation {} ({})", self.op, self.what)
+    }
+}
+
+/// The generator for the choices the fault at operation `n` makes.
+fn fault_rng(faults: &Faults, n: u64) -> Rng {
+    Rng::new(faults.seed ^ n.wrapping_mul(0x2545_F491_4F6C_DD1D))
+}
+
 /// Counts one operation and decides whether it fails.
 fn begin(state: &mut State, access: Access, what: impl FnOnce() -> String) -> io::Result<()> {
+    let mut describe = Some(what);
+    let mut described: Option<String> = None;
+    let mut what = move || {
+        if let Some(f) = describe.take() {
+            described = Some(f());
+        }
+        described.clone().unwrap_or_default()
+    };
     let faults = &mut state.faults;
     faults.ops += 1;
+    faults.tear = false;
     let n = faults.ops;
+    if access != Access::Read
+        && let Some(points) = &mut faults.recording
+    {
+        points.push(CrashPoint {
+            op: n,
+            what: what(),
+            disk: state.disk.clone(),
+        });
+    }
     if let Some((k, mode)) = faults.fail_at
         && k == n
     {
         let what = what();
         faults.dead |= mode == FailMode::DeadDisk;
+        faults.tear = true;
         let err = io::Error::other(format!("injected fault at operation {n}: {what}"));
         faults.injected = Some(what);
         return Err(err);
@@ -427,9 +536,25 @@ impl VfsFile for FaultFile {
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         let mut state = self.fs.shared.lock();
-        begin(&mut state, Access::Write, || {
+        let outcome = begin(&mut state, Access::Write, || {
             format!("write_all_at {}", show(&self.path))
-        })?;
+        });
+        if outcome.is_err() && std::mem::take(&mut state.faults.tear) && self.writable {
+            // A write that fails may have copied part of its bytes before the error.
+            let mut rng = fault_rng(&state.faults, state.faults.ops);
+            let done = if rng.one_in(3) {
+                0
+            } else {
+                rng.below(buf.len() as u64 + 1) as usize
+            };
+            if done > 0 {
+                state.disk.file_mut(self.id).write(FileWrite::Data {
+                    offset,
+                    bytes: buf[..done].to_vec(),
+                });
+            }
+        }
+        outcome?;
         self.check_writable()?;
         state.disk.file_mut(self.id).write(FileWrite::Data {
             offset,
@@ -443,10 +568,13 @@ impl VfsFile for FaultFile {
         let outcome = begin(&mut state, Access::Sync, || {
             format!("sync_data {}", show(&self.path))
         });
-        let file = state.disk.file_mut(self.id);
         match outcome {
-            Ok(()) => file.sync(),
-            Err(_) => file.lose_unsynced(),
+            Ok(()) => state.disk.file_mut(self.id).sync(),
+            Err(_) => {
+                // Some pages may have reached the disk before the error; the rest never will.
+                let mut rng = fault_rng(&state.faults, state.faults.ops);
+                state.disk.fail_sync(self.id, &mut rng);
+            }
         }
         outcome
     }

@@ -1,6 +1,9 @@
 //! The on-disk encoding of journal segments and records. Pure functions: no I/O.
 //!
-//! Segment header (32 bytes): magic, format version, segment number, salt, header checksum.
+//! Every file starts with magic and format version, checked by a preamble checksum that no
+//! version may move, so the version is read before anything a version could change (S10).
+//! Segment header (32 bytes): preamble (magic, format version, its checksum), segment number,
+//! salt, header checksum.
 //! Record frame (37 bytes) then body:
 //!
 //! | field          | bytes | meaning                                                     |
@@ -21,13 +24,65 @@ use std::ops::Bound;
 use super::super::types::{KeyRange, Op};
 use crate::error::{Error, Result};
 
-/// The format version this build writes and the newest it reads (SPEC S10).
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes and the newest it reads (SPEC S10). Version 1 files
+/// (no preamble check, no persisted damage) are still read.
+pub const FORMAT_VERSION: u32 = 2;
 pub const SEGMENT_MAGIC: [u8; 8] = *b"PCLSSEG\x01";
 pub const SEGMENT_HEADER_LEN: u64 = 32;
 pub const FRAME_LEN: usize = 37;
 /// No record body may exceed this (the largest batch plus framing of every op).
 pub const MAX_BODY_LEN: usize = (64 << 20) + (16 << 20);
+/// Every file from version 2 on starts with this preamble, whose layout no later version may
+/// change: magic (8) | format version (4) | crc32c of those 12 bytes (4).
+pub const PREAMBLE_LEN: usize = 16;
+
+/// Reads a file's magic and format version before anything whose layout a version could
+/// change, with one rule for every file (SPEC S10): a damaged magic or preamble is damage
+/// (`Corrupt`); a newer version whose preamble checks out is `UnsupportedVersion`. Returns the
+/// version (1 or [`FORMAT_VERSION`]). Version 1 files had no preamble check; their own header
+/// checksum covers the version.
+pub fn read_preamble(bytes: &[u8], magic: &[u8; 8], file: &str) -> Result<u32> {
+    if bytes.len() < 12 || bytes[0..8] != magic[..] {
+        return Err(Error::corrupt(
+            file,
+            "not a Portcullis file of this kind (bad magic)",
+        ));
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+    if version == 1 {
+        return Ok(1);
+    }
+    let check = bytes
+        .get(12..16)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()));
+    if check != Some(crc32c::crc32c(&bytes[0..12])) {
+        return Err(Error::corrupt(
+            file,
+            "the format version field is damaged (preamble checksum mismatch)",
+        ));
+    }
+    if version > FORMAT_VERSION {
+        return Err(Error::UnsupportedVersion {
+            file: file.to_owned(),
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    if version == 0 {
+        return Err(Error::corrupt(file, "format version 0 does not exist"));
+    }
+    Ok(version)
+}
+
+/// The preamble of a file of this build's version.
+pub fn encode_preamble(magic: &[u8; 8]) -> [u8; PREAMBLE_LEN] {
+    let mut p = [0u8; PREAMBLE_LEN];
+    p[0..8].copy_from_slice(magic);
+    p[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let crc = crc32c::crc32c(&p[0..12]);
+    p[12..16].copy_from_slice(&crc.to_le_bytes());
+    p
+}
 
 /// Where a byte lives: segment number in the high 24 bits, offset in the low 40.
 /// Zero means "nowhere" (segment numbers start at 1).
@@ -52,6 +107,11 @@ pub enum RecordKind {
     Batch = 1,
     /// A partition's complete key index; chain walks stop here.
     Base = 2,
+    /// One of several records that together hold a partition's key index, when it is too large
+    /// for one record: part `i` of `n`, written consecutively in the partition's chain. Only a
+    /// complete run (the last part and every one before it) is a base; parts of a run cut short
+    /// by a crash carry nothing and a chain walk passes over them.
+    BasePart = 3,
 }
 
 impl RecordKind {
@@ -59,6 +119,7 @@ impl RecordKind {
         match b {
             1 => Some(RecordKind::Batch),
             2 => Some(RecordKind::Base),
+            3 => Some(RecordKind::BasePart),
             _ => None,
         }
     }
@@ -68,39 +129,37 @@ pub fn salt_seed(salt: u64) -> u32 {
     crc32c::crc32c(&salt.to_le_bytes())
 }
 
+/// Version 2 segment header: preamble (16) | segment number (4) | salt (8) | crc32c of the
+/// 28 bytes before it (4).
 pub fn encode_segment_header(segment: u32, salt: u64) -> [u8; SEGMENT_HEADER_LEN as usize] {
     let mut h = [0u8; SEGMENT_HEADER_LEN as usize];
-    h[0..8].copy_from_slice(&SEGMENT_MAGIC);
-    h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    h[12..16].copy_from_slice(&segment.to_le_bytes());
-    h[16..24].copy_from_slice(&salt.to_le_bytes());
-    let crc = crc32c::crc32c(&h[0..24]);
-    h[24..28].copy_from_slice(&crc.to_le_bytes());
+    h[0..16].copy_from_slice(&encode_preamble(&SEGMENT_MAGIC));
+    h[16..20].copy_from_slice(&segment.to_le_bytes());
+    h[20..28].copy_from_slice(&salt.to_le_bytes());
+    let crc = crc32c::crc32c(&h[0..28]);
+    h[28..32].copy_from_slice(&crc.to_le_bytes());
     h
 }
 
-/// Decodes a segment header; returns (segment number, salt).
+/// Decodes a segment header; returns (segment number, salt). Magic and version are read
+/// first ([`read_preamble`]); a newer version is refused before anything else is read.
 pub fn decode_segment_header(h: &[u8], file: &str) -> Result<(u32, u64)> {
-    if h.len() < SEGMENT_HEADER_LEN as usize || h[0..8] != SEGMENT_MAGIC {
-        return Err(Error::corrupt(
-            file,
-            "not a Portcullis journal segment (bad magic)",
-        ));
+    let version = read_preamble(h, &SEGMENT_MAGIC, file)?;
+    if h.len() < SEGMENT_HEADER_LEN as usize {
+        return Err(Error::corrupt(file, "segment header is short"));
     }
-    let crc = u32::from_le_bytes(h[24..28].try_into().unwrap());
-    if crc != crc32c::crc32c(&h[0..24]) {
+    // Version 1: magic | version | number (4) | salt (8) | crc of bytes 0..24 (4) | padding.
+    let (number_at, salt_at, crc_at) = if version == 1 {
+        (12, 16, 24)
+    } else {
+        (16, 20, 28)
+    };
+    let crc = u32::from_le_bytes(h[crc_at..crc_at + 4].try_into().unwrap());
+    if crc != crc32c::crc32c(&h[0..crc_at]) {
         return Err(Error::corrupt(file, "segment header checksum mismatch"));
     }
-    let version = u32::from_le_bytes(h[8..12].try_into().unwrap());
-    if version > FORMAT_VERSION {
-        return Err(Error::UnsupportedVersion {
-            file: file.to_owned(),
-            found: version,
-            supported: FORMAT_VERSION,
-        });
-    }
-    let segment = u32::from_le_bytes(h[12..16].try_into().unwrap());
-    let salt = u64::from_le_bytes(h[16..24].try_into().unwrap());
+    let segment = u32::from_le_bytes(h[number_at..number_at + 4].try_into().unwrap());
+    let salt = u64::from_le_bytes(h[salt_at..salt_at + 8].try_into().unwrap());
     Ok((segment, salt))
 }
 
@@ -196,14 +255,22 @@ pub struct Body {
 pub enum Content {
     Batch(Vec<JournalOp>),
     Base(Vec<(Vec<u8>, ValueLoc)>),
+    /// Part `part` (from 0) of `parts` of a split base.
+    BasePart {
+        part: u32,
+        parts: u32,
+        entries: Vec<(Vec<u8>, ValueLoc)>,
+    },
 }
 
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 const OP_DELETE_RANGE: u8 = 3;
 
-/// Encodes a batch body. Returns the body and, per Put op in order, the value's offset in it.
-pub fn encode_batch_body(partition: &[u8], prev: Loc, ops: &[Op]) -> (Vec<u8>, Vec<u32>) {
+/// The exact length of the body [`encode_batch_body`] makes: keys and values plus the framing
+/// of every operation, a `DeleteRange` included. Computed without encoding, so a batch whose
+/// record would exceed [`MAX_BODY_LEN`] is refused before anything is built or written.
+pub fn batch_body_len(partition: &[u8], ops: &[Op]) -> usize {
     let mut size = 1 + partition.len() + 8 + 4;
     for op in ops {
         size += match op {
@@ -212,7 +279,12 @@ pub fn encode_batch_body(partition: &[u8], prev: Loc, ops: &[Op]) -> (Vec<u8>, V
             Op::DeleteRange(r) => 1 + bound_size(&r.start) + bound_size(&r.end),
         };
     }
-    let mut b = Vec::with_capacity(size);
+    size
+}
+
+/// Encodes a batch body. Returns the body and, per Put op in order, the value's offset in it.
+pub fn encode_batch_body(partition: &[u8], prev: Loc, ops: &[Op]) -> (Vec<u8>, Vec<u32>) {
+    let mut b = Vec::with_capacity(batch_body_len(partition, ops));
     put_name(&mut b, partition, prev);
     b.extend_from_slice(&(ops.len() as u32).to_le_bytes());
     let mut value_offsets = Vec::new();
@@ -239,6 +311,16 @@ pub fn encode_batch_body(partition: &[u8], prev: Loc, ops: &[Op]) -> (Vec<u8>, V
     (b, value_offsets)
 }
 
+/// Bytes one index entry takes in a base body.
+pub fn base_entry_len(key: &[u8]) -> usize {
+    2 + key.len() + 16
+}
+
+/// Bytes of a base body before its entries (a part's adds 8 for its place in the run).
+pub fn base_head_len(partition: &[u8]) -> usize {
+    1 + partition.len() + 8 + 4
+}
+
 /// Encodes a base body: the partition's whole index.
 pub fn encode_base_body<'a>(
     partition: &[u8],
@@ -247,14 +329,37 @@ pub fn encode_base_body<'a>(
 ) -> Vec<u8> {
     let mut b = Vec::with_capacity(16 + partition.len() + entries.len() * 40);
     put_name(&mut b, partition, prev);
+    put_entries(&mut b, entries);
+    b
+}
+
+/// Encodes part `part` of `parts` of a split base: a slice of the index, in key order.
+pub fn encode_base_part_body<'a>(
+    partition: &[u8],
+    prev: Loc,
+    part: u32,
+    parts: u32,
+    entries: impl ExactSizeIterator<Item = (&'a [u8], &'a ValueLoc)>,
+) -> Vec<u8> {
+    let mut b = Vec::with_capacity(24 + partition.len() + entries.len() * 40);
+    put_name(&mut b, partition, prev);
+    b.extend_from_slice(&part.to_le_bytes());
+    b.extend_from_slice(&parts.to_le_bytes());
+    put_entries(&mut b, entries);
+    b
+}
+
+fn put_entries<'a>(
+    b: &mut Vec<u8>,
+    entries: impl ExactSizeIterator<Item = (&'a [u8], &'a ValueLoc)>,
+) {
     b.extend_from_slice(&(entries.len() as u32).to_le_bytes());
     for (k, v) in entries {
-        put_key(&mut b, k);
+        put_key(b, k);
         b.extend_from_slice(&v.at.to_le_bytes());
         b.extend_from_slice(&v.len.to_le_bytes());
         b.extend_from_slice(&v.crc.to_le_bytes());
     }
-    b
 }
 
 fn put_name(b: &mut Vec<u8>, partition: &[u8], prev: Loc) {
@@ -341,6 +446,17 @@ pub fn decode_body_head(body: &[u8]) -> Option<(&[u8], Loc)> {
     Some((name, prev))
 }
 
+/// Reads the place of a base part in its run: (part, parts). `None` if malformed.
+pub fn decode_base_part_head(body: &[u8]) -> Option<(u32, u32)> {
+    let mut r = Reader { bytes: body, at: 0 };
+    let n = r.u8()? as usize;
+    r.take(n)?;
+    r.u64()?;
+    let part = r.u32()?;
+    let parts = r.u32()?;
+    (part < parts).then_some((part, parts))
+}
+
 /// Decodes a whole body. Fails (never panics) on any malformed input.
 pub fn decode_body(kind: RecordKind, body: &[u8]) -> Result<Body> {
     decode_body_inner(kind, body)
@@ -352,6 +468,17 @@ fn decode_body_inner(kind: RecordKind, body: &[u8]) -> Option<Body> {
     let n = r.u8()? as usize;
     let partition = r.take(n)?.to_vec();
     let prev = r.u64()?;
+    let place = match kind {
+        RecordKind::BasePart => {
+            let part = r.u32()?;
+            let parts = r.u32()?;
+            if part >= parts {
+                return None;
+            }
+            Some((part, parts))
+        }
+        _ => None,
+    };
     let count = r.u32()? as usize;
     let content = match kind {
         RecordKind::Batch => {
@@ -381,7 +508,7 @@ fn decode_body_inner(kind: RecordKind, body: &[u8]) -> Option<Body> {
             }
             Content::Batch(ops)
         }
-        RecordKind::Base => {
+        RecordKind::Base | RecordKind::BasePart => {
             if count > r.remaining() / 18 {
                 return None;
             }
@@ -393,7 +520,14 @@ fn decode_body_inner(kind: RecordKind, body: &[u8]) -> Option<Body> {
                 let crc = r.u32()?;
                 entries.push((k, ValueLoc { at, len, crc }));
             }
-            Content::Base(entries)
+            match place {
+                Some((part, parts)) => Content::BasePart {
+                    part,
+                    parts,
+                    entries,
+                },
+                None => Content::Base(entries),
+            }
         }
     };
     if r.remaining() != 0 {
@@ -445,6 +579,11 @@ mod tests {
             Op::DeleteRange(KeyRange::all()),
         ];
         let (body, offsets) = encode_batch_body(b"part", loc(3, 100), &ops);
+        assert_eq!(
+            body.len(),
+            batch_body_len(b"part", &ops),
+            "every op is counted"
+        );
         let decoded = decode_body(RecordKind::Batch, &body).unwrap();
         assert_eq!(decoded.partition, b"part");
         assert_eq!(decoded.prev, loc(3, 100));
@@ -464,6 +603,40 @@ mod tests {
     }
 
     #[test]
+    fn base_parts_round_trip() {
+        let v = ValueLoc {
+            at: loc(2, 40),
+            len: 3,
+            crc: 9,
+        };
+        let keys = [b"a".to_vec(), b"b".to_vec()];
+        let entries = keys.iter().map(|k| (k.as_slice(), &v));
+        let body = encode_base_part_body(b"part", loc(1, 32), 1, 3, entries);
+        assert_eq!(
+            body.len(),
+            base_head_len(b"part") + 8 + base_entry_len(b"a") + base_entry_len(b"b")
+        );
+        assert_eq!(decode_base_part_head(&body), Some((1, 3)));
+        let decoded = decode_body(RecordKind::BasePart, &body).unwrap();
+        assert_eq!(decoded.prev, loc(1, 32));
+        assert_eq!(
+            decoded.content,
+            Content::BasePart {
+                part: 1,
+                parts: 3,
+                entries: vec![(b"a".to_vec(), v), (b"b".to_vec(), v)],
+            }
+        );
+        // A part outside its run is malformed.
+        let bad = encode_base_part_body(b"part", 0, 3, 3, std::iter::empty());
+        assert!(decode_body(RecordKind::BasePart, &bad).is_err());
+        assert_eq!(decode_base_part_head(&bad), None);
+        for cut in 0..body.len() {
+            assert!(decode_body(RecordKind::BasePart, &body[..cut]).is_err());
+        }
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic() {
         let mut x: u64 = 1;
         for len in 0..300 {
@@ -477,6 +650,8 @@ mod tests {
                 .collect();
             let _ = decode_body(RecordKind::Batch, &bytes);
             let _ = decode_body(RecordKind::Base, &bytes);
+            let _ = decode_body(RecordKind::BasePart, &bytes);
+            let _ = decode_base_part_head(&bytes);
             let _ = decode_frame(1, &bytes);
         }
     }

@@ -9,11 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
-use super::format::{
-    self, Content, FRAME_LEN, JournalOp, Loc, RecordKind, ValueLoc, loc_offset, loc_segment,
-};
-use super::journal::Journal;
-use crate::error::{Error, Result};
+use super::format::{self, FRAME_LEN, JournalOp, Loc, ValueLoc};
+use crate::error::Error;
 use crate::store::{KeyRange, Partition};
 
 pub type Index = BTreeMap<Box<[u8]>, ValueLoc>;
@@ -188,61 +185,6 @@ pub fn journal_ops_to_index(record: Loc, body: &[u8], ops: Vec<JournalOp>) -> Ve
             JournalOp::DeleteRange(r) => IndexOp::DeleteRange(r),
         })
         .collect()
-}
-
-/// Builds a partition's index by walking its chain back from `head` to the newest base record
-/// (or the chain's start), then applying forward. Reads only this partition's recent records:
-/// the walk is bounded by the base interval, not by history (SPEC S5, S8).
-///
-/// Returns the index and the chain length since the base.
-pub fn load_index(journal: &Journal, state: &PartState, head: Loc) -> Result<(Index, u32)> {
-    let mut chain: Vec<(Loc, Vec<u8>, format::Body)> = Vec::new();
-    let mut at = head;
-    while at != 0 {
-        let (frame, body) = journal.read_record(at).map_err(|e| match e {
-            Error::Corrupt { detail, what } => state.corrupt_error(&format!("{what}: {detail}")),
-            other => other,
-        })?;
-        if frame.partition_hash != state.hash {
-            return Err(state.corrupt_error(&format!(
-                "chain link at segment {} offset {} belongs to another partition",
-                loc_segment(at),
-                loc_offset(at)
-            )));
-        }
-        let decoded = format::decode_body(frame.kind, &body)
-            .map_err(|_| state.corrupt_error("a record in its chain is malformed"))?;
-        if decoded.partition != state.name.as_bytes() {
-            return Err(state.corrupt_error("a record in its chain names another partition"));
-        }
-        // Chains only point backwards; anything else is damage, and would loop.
-        if frame.kind == RecordKind::Batch && decoded.prev >= at {
-            return Err(state.corrupt_error("a chain link points forwards"));
-        }
-        let prev = decoded.prev;
-        let is_base = frame.kind == RecordKind::Base;
-        chain.push((at, body, decoded));
-        if is_base {
-            break;
-        }
-        at = prev;
-    }
-    let chain_len = chain.len() as u32;
-    let mut index = Index::new();
-    for (record, body, decoded) in chain.into_iter().rev() {
-        match decoded.content {
-            Content::Base(entries) => {
-                index = entries
-                    .into_iter()
-                    .map(|(k, v)| (k.into_boxed_slice(), v))
-                    .collect();
-            }
-            Content::Batch(ops) => {
-                apply_to_index(&mut index, journal_ops_to_index(record, &body, ops));
-            }
-        }
-    }
-    Ok((index, chain_len))
 }
 
 pub fn head_of(state: &PartState) -> Loc {

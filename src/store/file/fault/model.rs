@@ -1,14 +1,23 @@
 //! The disk model behind [`FaultFs`](super::FaultFs): what is in the page cache (current) and
 //! what would survive a power cut (durable), for file bytes and for directory entries.
 //!
+//! A power cut is modelled as unkindly as the ALICE and CrashMonkey studies found real file
+//! systems to be: unsynced writes reach the disk in 4 KiB pieces, any subset of them, in any
+//! order, and a piece may be cut short; unsynced directory changes (creations, renames,
+//! removals, new subdirectories) survive in any subset. What a sync made durable stays.
+//!
 //! This module knows nothing of fault injection or operation counting; it only answers "what
 //! does the disk hold now" and "what could it hold after a crash".
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::rng::Rng;
+
+/// The unit in which unsynced writes reach the disk (a page of the page cache).
+pub(crate) const PAGE: u64 = 4096;
 
 /// Identifies a file's contents independently of its names (an inode).
 pub(crate) type FileId = u64;
@@ -30,22 +39,54 @@ impl FileWrite {
         }
     }
 
+    /// This change cut at page boundaries: the pieces that reach the disk independently.
+    fn pieces(&self) -> Vec<FileWrite> {
+        let FileWrite::Data { offset, bytes } = self else {
+            return vec![self.clone()];
+        };
+        let mut pieces = Vec::new();
+        let mut at = 0usize;
+        while at < bytes.len() {
+            let pos = offset + at as u64;
+            let room = (PAGE - pos % PAGE) as usize;
+            let end = bytes.len().min(at + room);
+            pieces.push(FileWrite::Data {
+                offset: pos,
+                bytes: bytes[at..end].to_vec(),
+            });
+            at = end;
+        }
+        pieces
+    }
+
     /// Applies part of this change, as a power cut in the middle of it would: a prefix of the
-    /// bytes, possibly followed by garbage where the rest should be (a sector that was being
-    /// written). Changing a length is all or nothing.
+    /// bytes, then, where the rest should be, the old bytes; past the old end of the file (newly
+    /// allocated space), zeros or garbage may appear instead. Only the bytes this change writes
+    /// are touched, and bytes already there are never garbled (sector writes are atomic; SQLite
+    /// calls this "powersafe overwrite"). Changing a length is all or nothing.
     fn apply_torn(&self, data: &mut Vec<u8>, rng: &mut Rng) {
         let FileWrite::Data { offset, bytes } = self else {
+            if rng.one_in(2) {
+                self.apply(data);
+            }
             return;
         };
         let cut = rng.below(bytes.len() as u64 + 1) as usize;
         write_at(data, *offset, &bytes[..cut]);
-        if rng.one_in(2) {
-            let mut garbage = vec![0u8; rng.below((bytes.len() - cut) as u64 + 1) as usize];
-            // Half the time zeros (allocated but never written), half random bytes.
-            if rng.one_in(2) {
+        // Fill only what lies past the current end: old bytes stay as they were.
+        let from = (*offset as usize + cut).max(data.len());
+        let end = *offset as usize + bytes.len();
+        if from >= end {
+            return;
+        }
+        match rng.below(3) {
+            0 => {}
+            1 => write_at(data, from as u64, &vec![0u8; end - from]),
+            _ => {
+                let mut garbage = vec![0u8; rng.below((end - from) as u64 + 1) as usize];
                 rng.fill(&mut garbage);
+                write_at(data, from as u64, &garbage);
             }
-            write_at(data, *offset + cut as u64, &garbage);
         }
     }
 }
@@ -57,6 +98,28 @@ fn write_at(data: &mut Vec<u8>, offset: u64, bytes: &[u8]) {
         data.resize(end, 0);
     }
     data[offset..end].copy_from_slice(bytes);
+}
+
+/// How many of a set of pending changes a crash keeps, and which.
+#[derive(Clone, Copy)]
+enum Survival {
+    /// None of them.
+    None,
+    /// All of them, whole (the page cache reached the disk just in time).
+    All,
+    /// A prefix in order, the next one possibly torn (an ordered file system).
+    Prefix(usize),
+    /// Each independently, any one possibly torn (write-back in any order).
+    Subset,
+}
+
+fn survival(rng: &mut Rng, len: usize) -> Survival {
+    match rng.below(6) {
+        0 => Survival::None,
+        1 => Survival::All,
+        2 => Survival::Prefix(rng.below(len as u64 + 1) as usize),
+        _ => Survival::Subset,
+    }
 }
 
 /// A file's bytes: what readers see now, what survives a crash, and the writes in between.
@@ -89,9 +152,11 @@ impl FileData {
         }
     }
 
-    /// A failed sync: like Linux after a failed fsync, the pages are marked clean, so readers
-    /// still see the writes but they never reach the disk, not even through a later sync.
-    pub(crate) fn lose_unsynced(&mut self) {
+    /// A failed sync: some of the pages may have reached the disk before the error, the others
+    /// never will. Like Linux after a failed fsync, the pages are marked clean, so readers
+    /// still see every write but no later sync saves the lost ones.
+    pub(crate) fn fail_sync(&mut self, rng: &mut Rng) {
+        self.durable = self.crash_bytes(rng);
         self.unsynced.clear();
     }
 
@@ -100,29 +165,58 @@ impl FileData {
         !self.unsynced.is_empty()
     }
 
-    fn crash_image(&self, rng: &mut Rng) -> Vec<u8> {
+    /// The bytes a power cut now could leave: the durable bytes, plus the unsynced writes' page
+    /// pieces that `rng` keeps, applied in the order they were written (a later write to the
+    /// same bytes wins when both survive), any kept piece possibly torn.
+    fn crash_bytes(&self, rng: &mut Rng) -> Vec<u8> {
         let mut bytes = self.durable.clone();
-        let kept = rng.survivors(self.unsynced.len());
-        for change in &self.unsynced[..kept] {
-            change.apply(&mut bytes);
+        if self.unsynced.is_empty() {
+            return bytes;
         }
-        if let Some(next) = self.unsynced.get(kept)
-            && rng.one_in(2)
-        {
-            next.apply_torn(&mut bytes, rng);
+        let pieces: Vec<FileWrite> = self.unsynced.iter().flat_map(FileWrite::pieces).collect();
+        match survival(rng, pieces.len()) {
+            Survival::None => {}
+            Survival::All => pieces.iter().for_each(|p| p.apply(&mut bytes)),
+            Survival::Prefix(kept) => {
+                pieces[..kept].iter().for_each(|p| p.apply(&mut bytes));
+                if let Some(next) = pieces.get(kept)
+                    && rng.one_in(2)
+                {
+                    next.apply_torn(&mut bytes, rng);
+                }
+            }
+            Survival::Subset => {
+                for piece in &pieces {
+                    if !rng.one_in(2) {
+                        continue;
+                    }
+                    if rng.one_in(4) {
+                        piece.apply_torn(&mut bytes, rng);
+                    } else {
+                        piece.apply(&mut bytes);
+                    }
+                }
+            }
         }
         bytes
     }
 }
 
-/// One atomic change to a directory's entries (a rename is one change of two entries).
-type DirChange = Vec<(String, Option<FileId>)>;
+/// What a directory entry names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Node {
+    File(FileId),
+    Dir,
+}
 
-/// A directory's name -> file mapping, current and durable.
+/// One atomic change to a directory's entries (a rename is one change of two entries).
+type DirChange = Vec<(String, Option<Node>)>;
+
+/// A directory's entries (name -> file or subdirectory), current and durable.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct DirData {
-    current: BTreeMap<String, FileId>,
-    durable: BTreeMap<String, FileId>,
+    current: BTreeMap<String, Node>,
+    durable: BTreeMap<String, Node>,
     unsynced: Vec<DirChange>,
 }
 
@@ -144,32 +238,39 @@ impl DirData {
         !self.unsynced.is_empty()
     }
 
-    /// The entries after a crash: the durable ones plus, in order, a seeded number of the
-    /// changes since (journaling file systems commit directory changes in order).
-    fn crash_image(&self, rng: &mut Rng) -> BTreeMap<String, FileId> {
+    /// The entries after a crash: the durable ones plus any subset of the changes since, in
+    /// order (a file created or renamed since the last sync may vanish, one removed may
+    /// reappear). A rename within the directory stays atomic.
+    fn crash_entries(&self, rng: &mut Rng) -> BTreeMap<String, Node> {
         let mut entries = self.durable.clone();
-        let kept = rng.survivors(self.unsynced.len());
-        for change in &self.unsynced[..kept] {
+        let kept: Vec<&DirChange> = match survival(rng, self.unsynced.len()) {
+            Survival::None => Vec::new(),
+            Survival::All => self.unsynced.iter().collect(),
+            Survival::Prefix(n) => self.unsynced[..n].iter().collect(),
+            Survival::Subset => self.unsynced.iter().filter(|_| rng.one_in(2)).collect(),
+        };
+        for change in kept {
             apply_dir_change(&mut entries, change);
         }
         entries
     }
 }
 
-fn apply_dir_change(entries: &mut BTreeMap<String, FileId>, change: &DirChange) {
+fn apply_dir_change(entries: &mut BTreeMap<String, Node>, change: &DirChange) {
     for (name, target) in change {
         match target {
-            Some(id) => entries.insert(name.clone(), *id),
+            Some(node) => entries.insert(name.clone(), *node),
             None => entries.remove(name),
         };
     }
 }
 
-/// The whole disk: directories (which exist durably once created) and files.
+/// The whole disk: directories and files. Files are shared between copies of the disk until
+/// one of them writes (copy on write), so taking a copy at every operation is cheap.
 #[derive(Clone, Debug)]
 pub(crate) struct Disk {
     dirs: BTreeMap<PathBuf, DirData>,
-    files: BTreeMap<FileId, FileData>,
+    files: BTreeMap<FileId, Arc<FileData>>,
     next_id: FileId,
 }
 
@@ -201,7 +302,9 @@ pub(crate) fn split(path: &Path) -> io::Result<(PathBuf, String)> {
 
 /// The canonical spelling of a path in the model.
 pub(crate) fn normalize(path: &Path) -> PathBuf {
-    path.components().collect()
+    path.components()
+        .filter(|c| *c != std::path::Component::CurDir)
+        .collect()
 }
 
 fn not_found(path: &Path) -> io::Error {
@@ -223,7 +326,10 @@ impl Disk {
     /// The file a path names now, if any.
     pub(crate) fn lookup(&self, path: &Path) -> io::Result<Option<FileId>> {
         let (dir, name) = split(path)?;
-        Ok(self.dir(&dir)?.current.get(&name).copied())
+        Ok(match self.dir(&dir)?.current.get(&name) {
+            Some(Node::File(id)) => Some(*id),
+            _ => None,
+        })
     }
 
     /// Whether a path names a directory.
@@ -243,8 +349,9 @@ impl Disk {
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.files.insert(id, FileData::default());
-        self.dir_mut(&dir)?.change(vec![(name, Some(id))]);
+        self.files.insert(id, Arc::default());
+        self.dir_mut(&dir)?
+            .change(vec![(name, Some(Node::File(id)))]);
         Ok(id)
     }
 
@@ -253,9 +360,9 @@ impl Disk {
         &self.files[&id]
     }
 
-    /// The bytes of a file, for changing them.
+    /// The bytes of a file, for changing them (copied first if another disk shares them).
     pub(crate) fn file_mut(&mut self, id: FileId) -> &mut FileData {
-        self.files.get_mut(&id).expect("file ids are never reused")
+        Arc::make_mut(self.files.get_mut(&id).expect("file ids are never reused"))
     }
 
     /// Replaces a file's bytes, durably, creating it (durably) if needed. For tests that damage
@@ -273,7 +380,8 @@ impl Disk {
         Ok(())
     }
 
-    /// Creates a directory and its parents, durably.
+    /// Creates a directory and its missing parents. Each new directory's entry in its parent
+    /// is durable only after that parent is synced, like any other entry.
     pub(crate) fn create_dir_all(&mut self, path: &Path) -> io::Result<()> {
         let path = normalize(path);
         for ancestor in path.ancestors() {
@@ -284,24 +392,23 @@ impl Disk {
                 ));
             }
         }
-        for ancestor in path.ancestors() {
-            self.dirs.entry(ancestor.to_path_buf()).or_default();
+        let missing: Vec<PathBuf> = path
+            .ancestors()
+            .filter(|a| !self.dirs.contains_key(*a))
+            .map(Path::to_path_buf)
+            .collect();
+        // Parents first.
+        for dir in missing.into_iter().rev() {
+            let (parent, name) = split(&dir)?;
+            self.dir_mut(&parent)?.change(vec![(name, Some(Node::Dir))]);
+            self.dirs.insert(dir, DirData::default());
         }
         Ok(())
     }
 
-    /// The names in a directory: its files and its subdirectories, sorted.
+    /// The names in a directory (files and subdirectories), sorted.
     pub(crate) fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        let dir = normalize(dir);
-        let mut names: BTreeSet<String> = self.dir(&dir)?.current.keys().cloned().collect();
-        for sub in self.dirs.keys() {
-            if sub.parent() == Some(dir.as_path())
-                && let Some(name) = sub.file_name()
-            {
-                names.insert(name.to_string_lossy().into_owned());
-            }
-        }
-        Ok(names.into_iter().collect())
+        Ok(self.dir(&normalize(dir))?.current.keys().cloned().collect())
     }
 
     /// Removes a file's entry (durable only after a directory sync).
@@ -326,17 +433,18 @@ impl Disk {
                 format!("{} is a directory", to.display()),
             ));
         }
+        let node = Some(Node::File(id));
         if from_dir == to_dir {
             self.dir_mut(&from_dir)?
-                .change(vec![(from_name, None), (to_name, Some(id))]);
+                .change(vec![(from_name, None), (to_name, node)]);
         } else {
-            self.dir_mut(&to_dir)?.change(vec![(to_name, Some(id))]);
+            self.dir_mut(&to_dir)?.change(vec![(to_name, node)]);
             self.dir_mut(&from_dir)?.change(vec![(from_name, None)]);
         }
         Ok(())
     }
 
-    /// Makes a directory's entry changes durable.
+    /// Makes a directory's entry changes durable (not its own entry in its parent).
     pub(crate) fn sync_dir(&mut self, dir: &Path) -> io::Result<()> {
         self.dir_mut(&normalize(dir))?.sync();
         Ok(())
@@ -350,8 +458,10 @@ impl Disk {
             if dir.has_unsynced() {
                 found.push(format!("entries of {}", path.display()));
             }
-            for (name, id) in &dir.current {
-                if self.files[id].has_unsynced() {
+            for (name, node) in &dir.current {
+                if let Node::File(id) = node
+                    && self.files[id].has_unsynced()
+                {
                     found.push(format!("writes to {}", path.join(name).display()));
                 }
             }
@@ -360,19 +470,33 @@ impl Disk {
     }
 
     /// A disk as a power cut could leave this one, chosen by `rng`. Everything in it is durable.
+    /// A directory whose own entry did not survive is gone with everything in it.
     pub(crate) fn crash_image(&self, rng: &mut Rng) -> Disk {
         let mut image = Disk {
             dirs: BTreeMap::new(),
             files: BTreeMap::new(),
             next_id: self.next_id,
         };
+        // Sorted paths put every parent before its children.
         for (path, dir) in &self.dirs {
-            let entries = dir.crash_image(rng);
-            for id in entries.values() {
+            let reachable = match (path.parent(), path.file_name()) {
+                (Some(parent), Some(name)) => image
+                    .dirs
+                    .get(parent)
+                    .is_some_and(|p| p.current.get(&*name.to_string_lossy()) == Some(&Node::Dir)),
+                _ => true,
+            };
+            if !reachable {
+                continue;
+            }
+            let entries = dir.crash_entries(rng);
+            for node in entries.values() {
                 // A file reachable under two names (a rename across directories) gets one image.
-                if !image.files.contains_key(id) {
-                    let bytes = self.files[id].crash_image(rng);
-                    image.files.insert(*id, FileData::durable(bytes));
+                if let Node::File(id) = node
+                    && !image.files.contains_key(id)
+                {
+                    let bytes = self.files[id].crash_bytes(rng);
+                    image.files.insert(*id, Arc::new(FileData::durable(bytes)));
                 }
             }
             image.dirs.insert(path.clone(), durable_dir(entries));
@@ -380,28 +504,13 @@ impl Disk {
         image
     }
 
-    /// The disk a killed process leaves behind: the operating system keeps every write, so
-    /// the current state survives whole.
-    pub(crate) fn process_crash_image(&self) -> Disk {
-        let mut image = Disk {
-            dirs: BTreeMap::new(),
-            files: BTreeMap::new(),
-            next_id: self.next_id,
-        };
-        for (path, dir) in &self.dirs {
-            for id in dir.current.values() {
-                let bytes = self.files[id].current.clone();
-                image.files.insert(*id, FileData::durable(bytes));
-            }
-            image
-                .dirs
-                .insert(path.clone(), durable_dir(dir.current.clone()));
-        }
-        image
+    /// Applies a failed sync to a file (see [`FileData::fail_sync`]).
+    pub(crate) fn fail_sync(&mut self, id: FileId, rng: &mut Rng) {
+        self.file_mut(id).fail_sync(rng);
     }
 }
 
-fn durable_dir(entries: BTreeMap<String, FileId>) -> DirData {
+fn durable_dir(entries: BTreeMap<String, Node>) -> DirData {
     DirData {
         current: entries.clone(),
         durable: entries,

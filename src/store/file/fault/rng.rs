@@ -30,16 +30,6 @@ impl Rng {
         self.below(n) == 0
     }
 
-    /// How many of `len` pending changes survive a crash: none, all, or any number in between,
-    /// each a third of the time, so both extremes are well covered.
-    pub(crate) fn survivors(&mut self, len: usize) -> usize {
-        match self.below(3) {
-            0 => 0,
-            1 => len,
-            _ => self.below(len as u64 + 1) as usize,
-        }
-    }
-
     /// Fills `buf` with random bytes.
     pub(crate) fn fill(&mut self, buf: &mut [u8]) {
         for chunk in buf.chunks_mut(8) {

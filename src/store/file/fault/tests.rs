@@ -16,6 +16,7 @@ fn p(s: &str) -> &Path {
 fn disk_with_file() -> FaultFs {
     let fs = FaultFs::new();
     fs.create_dir_all(p("/d")).unwrap();
+    fs.sync_dir(p("/")).unwrap();
     fs.open(p("/d/f"), OpenMode::CreateNew).unwrap();
     fs.sync_dir(p("/d")).unwrap();
     fs
@@ -23,9 +24,13 @@ fn disk_with_file() -> FaultFs {
 
 /// Every distinct content of `/d/f` (None if missing) over many crash seeds.
 fn outcomes(fs: &FaultFs) -> Vec<Option<Vec<u8>>> {
-    let mut seen: Vec<Option<Vec<u8>>> = (0..SEEDS)
-        .map(|s| fs.crash(s).read_file(p("/d/f")))
-        .collect();
+    outcomes_of(fs, "/d/f")
+}
+
+/// Every distinct content of a file (None if missing) over many crash seeds.
+fn outcomes_of(fs: &FaultFs, path: &str) -> Vec<Option<Vec<u8>>> {
+    let mut seen: Vec<Option<Vec<u8>>> =
+        (0..SEEDS).map(|s| fs.crash(s).read_file(p(path))).collect();
     seen.sort();
     seen.dedup();
     seen
@@ -42,24 +47,38 @@ fn synced_writes_survive_every_crash() {
 }
 
 #[test]
-fn unsynced_writes_may_be_dropped_or_kept_in_order() {
+fn unsynced_pages_survive_in_any_subset_and_order() {
     let fs = disk_with_file();
     let f = fs.open(p("/d/f"), OpenMode::ReadWrite).unwrap();
     f.write_all_at(b"aa", 0).unwrap();
     f.sync_data().unwrap();
+    // Two writes on two pages, then one write spanning a page boundary.
     f.write_all_at(b"bb", 2).unwrap();
-    f.write_all_at(b"cc", 4).unwrap();
+    f.write_all_at(b"cc", FaultFs::PAGE).unwrap();
+    f.write_all_at(&[5u8; 8], 2 * FaultFs::PAGE - 4).unwrap();
     let seen = outcomes(&fs);
-    // Whole writes survive in order: never "cc" without "bb".
-    for bytes in [&b"aa"[..], b"aabb", b"aabbcc"] {
-        assert!(seen.contains(&Some(bytes.to_vec())), "{bytes:?} never seen");
-    }
+    let page = FaultFs::PAGE as usize;
+    let has = |img: &Vec<u8>, at: usize, bytes: &[u8]| img.get(at..at + bytes.len()) == Some(bytes);
+    let mut later_without_earlier = false;
+    let mut write_split = false;
+    let mut whole = false;
     for image in seen.iter().flatten() {
-        assert!(image.starts_with(b"aa"), "{image:?}");
-        if image.len() == 6 && image[4..] == *b"cc" {
-            assert_eq!(&image[2..4], b"bb", "a later write survived an earlier one");
-        }
+        assert!(image.starts_with(b"aa"), "synced bytes lost: {image:?}");
+        later_without_earlier |= has(image, page, b"cc") && !has(image, 2, b"bb");
+        // The spanning write's second page without its first.
+        write_split |= has(image, 2 * page, &[5u8; 4]) && !has(image, 2 * page - 4, &[5u8; 4]);
+        whole |= image.len() == 2 * page + 4 && has(image, 2, b"bb") && has(image, page, b"cc");
     }
+    assert!(
+        later_without_earlier,
+        "a later write never survived without an earlier one"
+    );
+    assert!(write_split, "a write across pages never survived in part");
+    assert!(whole, "the page cache never survived whole");
+    assert!(
+        seen.contains(&Some(b"aa".to_vec())),
+        "nothing unsynced was ever dropped"
+    );
 }
 
 #[test]
@@ -86,9 +105,81 @@ fn the_write_after_the_kept_ones_may_be_torn_or_garbled() {
 }
 
 #[test]
+fn a_new_directory_needs_its_parent_synced() {
+    let fs = FaultFs::new();
+    fs.create_dir_all(p("/a/b")).unwrap();
+    let f = fs.open(p("/a/b/f"), OpenMode::CreateNew).unwrap();
+    f.write_all_at(b"x", 0).unwrap();
+    f.sync_data().unwrap();
+    fs.sync_dir(p("/a/b")).unwrap();
+    let seen = outcomes_of(&fs, "/a/b/f");
+    assert!(
+        seen.contains(&None),
+        "an unsynced directory always survived"
+    );
+    assert!(seen.contains(&Some(b"x".to_vec())), "{seen:?}");
+    // A lost directory takes its contents with it.
+    for seed in 0..SEEDS {
+        let image = fs.crash(seed);
+        if image.kind(p("/a")).unwrap().is_none() {
+            assert_eq!(image.kind(p("/a/b")).unwrap(), None);
+        }
+    }
+    fs.sync_dir(p("/a")).unwrap();
+    fs.sync_dir(p("/")).unwrap();
+    assert_eq!(outcomes_of(&fs, "/a/b/f"), vec![Some(b"x".to_vec())]);
+}
+
+#[test]
+fn a_failed_write_may_have_written_a_part() {
+    let mut partial = false;
+    for seed in 0..40 {
+        let fs = disk_with_file();
+        fs.set_fault_seed(seed);
+        let f = fs.open(p("/d/f"), OpenMode::ReadWrite).unwrap();
+        fs.fail_at(fs.ops() + 1, FailMode::Once);
+        assert!(f.write_all_at(&[9u8; 100], 0).is_err());
+        let now = fs.read_file(p("/d/f")).unwrap();
+        assert!(now.len() <= 100 && now.iter().all(|&b| b == 9), "{now:?}");
+        partial |= !now.is_empty() && now.len() < 100;
+    }
+    assert!(partial, "a failed write never left part of its bytes");
+}
+
+#[test]
+fn crash_points_are_the_disk_before_each_change() {
+    let fs = disk_with_file();
+    fs.record_crash_points();
+    let f = fs.open(p("/d/f"), OpenMode::ReadWrite).unwrap(); // a read: no point
+    f.write_all_at(b"one", 0).unwrap();
+    f.sync_data().unwrap();
+    f.write_all_at(b"two", 3).unwrap();
+    let points = fs.take_crash_points();
+    let ops: Vec<u64> = points.iter().map(|c| c.op).collect();
+    let start = ops[0];
+    assert_eq!(ops, vec![start, start + 1, start + 2, start + 3]);
+    assert!(points[0].what.starts_with("write_all_at"), "{points:?}");
+    assert_eq!(points[0].kill().read_file(p("/d/f")).unwrap(), b"");
+    // Before the sync: the write may or may not survive a power cut.
+    let before_sync: Vec<Vec<u8>> = (0..SEEDS)
+        .map(|s| points[1].power_cut(s).read_file(p("/d/f")).unwrap())
+        .collect();
+    assert!(before_sync.contains(&Vec::new()) && before_sync.contains(&b"one".to_vec()));
+    // After it: it always does.
+    for s in 0..SEEDS {
+        assert!(points[2].power_cut(s).read_file(p("/d/f")).unwrap() == b"one");
+    }
+    assert_eq!(points[3].kill().read_file(p("/d/f")).unwrap(), b"onetwo");
+    // Recording stopped.
+    f.write_all_at(b"x", 0).unwrap();
+    assert_eq!(fs.take_crash_points().len(), 1);
+}
+
+#[test]
 fn a_new_file_needs_a_directory_sync() {
     let fs = FaultFs::new();
     fs.create_dir_all(p("/d")).unwrap();
+    fs.sync_dir(p("/")).unwrap();
     let f = fs.open(p("/d/f"), OpenMode::CreateNew).unwrap();
     f.write_all_at(b"x", 0).unwrap();
     f.sync_data().unwrap();
@@ -99,7 +190,8 @@ fn a_new_file_needs_a_directory_sync() {
     );
     fs.sync_dir(p("/d")).unwrap();
     assert_eq!(outcomes(&fs), vec![Some(b"x".to_vec())]);
-    // The directory itself was durable from the start.
+    // The directory itself is durable once its parent is synced.
+    fs.sync_dir(p("/")).unwrap();
     assert_eq!(fs.crash(3).kind(p("/d")).unwrap(), Some(PathKind::Dir));
 }
 
@@ -166,14 +258,22 @@ fn crash_images_are_reproducible_and_independent() {
 }
 
 #[test]
-fn a_killed_process_keeps_everything_written() {
-    let fs = FaultFs::new();
-    fs.create_dir_all(p("/d")).unwrap();
-    let f = fs.open(p("/d/f"), OpenMode::CreateNew).unwrap();
+fn a_killed_process_keeps_everything_written_but_no_more_durable() {
+    let fs = disk_with_file();
+    let f = fs.open(p("/d/f"), OpenMode::ReadWrite).unwrap();
     f.write_all_at(b"kept", 0).unwrap();
     let image = fs.crash_process();
     assert_eq!(image.read_file(p("/d/f")).unwrap(), b"kept");
-    assert!(!image.has_unsynced());
+    assert!(image.has_unsynced());
+    // A power cut after the kill may still lose it, until someone syncs it.
+    let seen = outcomes(&image);
+    assert!(seen.contains(&Some(Vec::new())), "{seen:?}");
+    image
+        .open(p("/d/f"), OpenMode::ReadWrite)
+        .unwrap()
+        .sync_data()
+        .unwrap();
+    assert_eq!(outcomes(&image), vec![Some(b"kept".to_vec())]);
 }
 
 #[test]
@@ -185,11 +285,8 @@ fn fail_at_fails_exactly_that_operation() {
     let err = f.write_all_at(b"x", 0).unwrap_err(); // op before+2
     assert_eq!(err.kind(), io::ErrorKind::Other);
     assert!(fs.injected().unwrap().contains("write_all_at /d/f"));
-    assert_eq!(
-        fs.read_file(p("/d/f")).unwrap(),
-        b"",
-        "a failed write changed the file"
-    );
+    // A failed write may have done part of its work (here, of one byte: all or nothing).
+    assert!(fs.read_file(p("/d/f")).unwrap().len() <= 1);
     f.write_all_at(b"y", 0).unwrap();
     f.sync_data().unwrap();
     assert_eq!(fs.ops(), before + 4);
@@ -214,32 +311,40 @@ fn a_dead_disk_refuses_every_later_change_but_still_reads() {
     f.read_exact_at(&mut buf, 0).unwrap();
     assert_eq!(&buf, b"abc");
     assert_eq!(fs.list(p("/d")).unwrap(), vec!["f".to_string()]);
-    // The failed sync lost the write for good.
-    assert_eq!(outcomes(&fs), vec![Some(Vec::new())]);
+    // The failed sync settled what reached the disk, for good.
+    let settled = outcomes(&fs);
+    assert_eq!(settled.len(), 1, "{settled:?}");
     fs.clear_faults();
     f.sync_data().unwrap();
     assert_eq!(
         outcomes(&fs),
-        vec![Some(Vec::new())],
-        "a later sync saved a lost write"
+        settled,
+        "a later sync changed what a failed one left"
     );
 }
 
 #[test]
 fn failed_syncs_lose_the_writes_forever() {
-    let fs = disk_with_file();
-    let f = fs.open(p("/d/f"), OpenMode::ReadWrite).unwrap();
-    f.write_all_at(b"one", 0).unwrap();
-    f.sync_data().unwrap();
-    fs.fail_syncs();
-    f.write_all_at(b"two", 3).unwrap();
-    assert!(f.sync_data().is_err());
-    // Readers still see the write (it is in the page cache) ...
-    assert_eq!(fs.read_file(p("/d/f")).unwrap(), b"onetwo");
-    // ... but no crash keeps it, even after a later sync succeeds.
-    fs.clear_faults();
-    f.sync_data().unwrap();
-    assert_eq!(outcomes(&fs), vec![Some(b"one".to_vec())]);
+    let mut lost = false;
+    for seed in 0..40 {
+        let fs = disk_with_file();
+        fs.set_fault_seed(seed);
+        let f = fs.open(p("/d/f"), OpenMode::ReadWrite).unwrap();
+        f.write_all_at(b"one", 0).unwrap();
+        f.sync_data().unwrap();
+        fs.fail_syncs();
+        f.write_all_at(b"two", 3).unwrap();
+        assert!(f.sync_data().is_err());
+        // Readers still see the write (it is in the page cache) ...
+        assert_eq!(fs.read_file(p("/d/f")).unwrap(), b"onetwo");
+        // ... but what did not reach the disk never will, even after a later sync succeeds.
+        fs.clear_faults();
+        f.sync_data().unwrap();
+        let seen = outcomes(&fs);
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        lost |= seen[0].as_deref() == Some(b"one");
+    }
+    assert!(lost, "a failed sync never lost its write");
 }
 
 #[test]

@@ -1,0 +1,180 @@
+//! The engine's lifecycle (SPEC R11): every public call is counted while it runs; `close` stops
+//! new calls, stops the warm and every background driver, waits for calls in flight, all
+//! within one bound ([`EngineBuilder::close_timeout`](super::EngineBuilder::close_timeout)),
+//! and only then records a clean shutdown and closes the store. Dropping the last handle does
+//! the same, logging any error.
+//!
+//! `close` from inside a call, closure, hook or restore unit of the same engine would wait for
+//! itself: it is refused with [`Error::WouldDeadlock`].
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::{Engine, Inner, incarnation};
+use crate::error::{Error, Result};
+use crate::restore::StateMachine;
+
+/// The top bit of the call counter: set once close has begun.
+const CLOSED: usize = 1 << (usize::BITS - 1);
+
+/// Calls in flight, and whether close has begun.
+#[derive(Default)]
+pub(super) struct Lifecycle {
+    /// In-flight calls in the low bits, [`CLOSED`] in the top bit.
+    calls: AtomicUsize,
+    /// Woken when the last call in flight ends after close began.
+    idle: Mutex<()>,
+    idle_cv: Condvar,
+    /// Whether a close ran (or runs): later closes answer at once.
+    closing: Mutex<bool>,
+}
+
+/// One public call in flight; ends it when dropped.
+pub(super) struct Call<'a> {
+    lifecycle: &'a Lifecycle,
+    _mark: crate::restore::CallMark,
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        let before = self.lifecycle.calls.fetch_sub(1, Ordering::AcqRel);
+        if before == CLOSED | 1 {
+            let _idle = self.lifecycle.idle.lock();
+            self.lifecycle.idle_cv.notify_all();
+        }
+    }
+}
+
+impl Lifecycle {
+    pub(super) fn is_closed(&self) -> bool {
+        self.calls.load(Ordering::Acquire) & CLOSED != 0
+    }
+
+    fn in_flight(&self) -> usize {
+        self.calls.load(Ordering::Acquire) & !CLOSED
+    }
+
+    /// Waits until no call is in flight, or `deadline`; returns whether none is.
+    fn wait_idle(&self, deadline: Instant) -> bool {
+        let mut idle = self.idle.lock();
+        while self.in_flight() != 0 {
+            if self.idle_cv.wait_until(&mut idle, deadline).timed_out() {
+                return self.in_flight() == 0;
+            }
+        }
+        true
+    }
+}
+
+impl<M: StateMachine> Engine<M> {
+    /// Counts one public call until the guard drops, or answers [`Error::Closed`].
+    pub(super) fn enter(&self) -> Result<Call<'_>> {
+        let lifecycle = &self.inner.lifecycle;
+        let before = lifecycle.calls.fetch_add(1, Ordering::AcqRel);
+        let call = Call {
+            lifecycle,
+            _mark: self.inner.restorer.in_call(),
+        };
+        if before & CLOSED != 0 {
+            return Err(Error::Closed);
+        }
+        Ok(call)
+    }
+
+    /// Closes the engine (SPEC R11): later calls answer [`Error::Closed`]; the warm and every
+    /// background driver are stopped; calls in flight are waited for; then a clean shutdown
+    /// is recorded and the store closed. Closing twice is harmless (the second close answers
+    /// `Ok` at once). Dropping the last handle closes the same way, logging any error: call
+    /// `close` to get the error.
+    ///
+    /// Bounded by [`close_timeout`](super::EngineBuilder::close_timeout): if a restore unit, a
+    /// driver or a call is still running when it passes, `close` answers
+    /// [`Error::Unavailable`] naming what did not finish, and the incarnation is **not**
+    /// marked clean (the next open runs the unclean-restart repair). Called from inside a
+    /// call, closure, hook or restore unit of this engine it would wait for itself, and is
+    /// refused with [`Error::WouldDeadlock`].
+    pub fn close(&self) -> Result<()> {
+        if self.inner.restorer.inside_engine() {
+            return Err(Error::WouldDeadlock {
+                entity: String::new(),
+                detail: "close was called from inside a call, closure, hook or restore unit of the same engine, which it would wait for".to_owned(),
+            });
+        }
+        self.inner.shutdown()
+    }
+}
+
+impl<M: StateMachine> Inner<M> {
+    /// Stops everything within the close bound, then records the clean shutdown.
+    pub(super) fn shutdown(&self) -> Result<()> {
+        let mut closing = self.lifecycle.closing.lock();
+        if *closing {
+            return Ok(());
+        }
+        *closing = true;
+        self.lifecycle.calls.fetch_or(CLOSED, Ordering::AcqRel);
+        let deadline = Instant::now() + self.close_timeout;
+        let mut unfinished = Vec::new();
+        if !self.stop_warm(deadline) {
+            unfinished.push("the warm (a restore unit is still running)".to_owned());
+        }
+        if !self.fence.stop_drivers(deadline) {
+            unfinished.push("a background revocation".to_owned());
+        }
+        if !self.lifecycle.wait_idle(deadline) {
+            unfinished.push(format!("{} calls in flight", self.lifecycle.in_flight()));
+        }
+        // A warm started by a call that was in flight when close began.
+        if unfinished.is_empty() && !self.stop_warm(deadline) {
+            unfinished.push("the warm (a restore unit is still running)".to_owned());
+        }
+        if !unfinished.is_empty() {
+            let reason = format!(
+                "close gave up after {:?}: {} did not finish; the incarnation is not marked clean, so the next open runs the unclean-restart repair",
+                self.close_timeout,
+                unfinished.join(", ")
+            );
+            ::log::warn!("{reason}");
+            return Err(Error::Unavailable {
+                reason,
+                retry_after_ms: 0,
+            });
+        }
+        let phases = self.restorer.phase_counts();
+        let all_restored = phases.restored == phases.entities;
+        incarnation::end_clean(&*self.store, &self.incarnation, all_restored)?;
+        self.store.close()
+    }
+
+    /// Stops the current warm and waits for it until `deadline`; returns whether it ended.
+    fn stop_warm(&self, deadline: Instant) -> bool {
+        let Some(warm) = self.warm.lock().clone() else {
+            return true;
+        };
+        warm.stop();
+        warm.wait_timeout(deadline.saturating_duration_since(Instant::now()))
+    }
+}
+
+impl<M: StateMachine> Drop for Inner<M> {
+    /// The last handle is gone: close cleanly, like [`Engine::close`], logging any error. A
+    /// drop while the thread unwinds from a panic records no clean shutdown (the application
+    /// may have been interrupted mid-operation: the next open runs the repair).
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            ::log::warn!(
+                "the engine was dropped while unwinding from a panic; it is not marked clean, so the next open runs the unclean-restart repair"
+            );
+            self.lifecycle.calls.fetch_or(CLOSED, Ordering::AcqRel);
+            if let Some(warm) = self.warm.lock().clone() {
+                warm.stop();
+            }
+            return;
+        }
+        if let Err(e) = self.shutdown() {
+            ::log::error!("closing the engine when its last handle was dropped failed: {e}");
+        }
+    }
+}

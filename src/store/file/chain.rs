@@ -1,0 +1,230 @@
+//! A partition's chain of records: writing base records (the partition's whole key index, split
+//! over several records when it is large) and building the index by walking the chain back from
+//! the partition's newest record (SPEC S5, S7, S8).
+//!
+//! Owns the chain rules: every record links to the partition's previous one; a walk stops at the
+//! newest complete base. A base too large for one record is a *run* of [`RecordKind::BasePart`]
+//! records (part 0 to n-1, consecutive in the chain, the last one newest); only a complete run
+//! is a base. A run cut short by a crash carries nothing: a walk passes over its parts to the
+//! record before them, whose state they would have restated. Calls only the journal.
+//!
+//! A load holds the keys and value locations of the chain, never its values: records longer
+//! than one small read are read again, one at a time, when they are applied.
+
+use super::format::{
+    self, Content, Loc, RecordKind, ValueLoc, decode_base_part_head, decode_body_head, loc_offset,
+    loc_segment,
+};
+use super::journal::{Journal, RecordStart};
+use super::partition::{self, CommitState, Index, IndexOp, PartState};
+use crate::error::{Error, Result};
+
+/// Bytes of index entries per base record. A partition whose index is larger gets a base run
+/// of several records, so a base of any size fits the record frame and a load holds one part at
+/// a time.
+pub const BASE_PART_BYTES: usize = 8 << 20;
+
+/// Writes the partition's base: one record, or a run of parts of at most [`BASE_PART_BYTES`]
+/// each. The caller holds the partition's `commit` lock, so nothing of the partition is appended
+/// between the parts. On error nothing is promised: a partial run is passed over by loads.
+pub fn write_base(
+    journal: &Journal,
+    state: &PartState,
+    commit: &mut CommitState,
+    index: &Index,
+) -> Result<()> {
+    let name = state.name.as_bytes();
+    let head_len = format::base_head_len(name);
+    // Entries per record, planned first so every part can say how many there are.
+    let mut plan: Vec<usize> = Vec::new();
+    let (mut bytes, mut count) = (head_len, 0usize);
+    for key in index.keys() {
+        let len = format::base_entry_len(key);
+        if count > 0 && bytes + len > BASE_PART_BYTES {
+            plan.push(count);
+            (bytes, count) = (head_len + 8, 0);
+        }
+        bytes += len;
+        count += 1;
+    }
+    plan.push(count);
+    let mut entries = index.iter().map(|(k, v)| (&**k, v));
+    let place_head = |_, at| state.head.store(at, std::sync::atomic::Ordering::Release);
+    if plan.len() == 1 {
+        let body = format::encode_base_body(name, partition::head_of(state), entries);
+        journal.append(RecordKind::Base, state.hash, &body, place_head)?;
+    } else {
+        let parts = plan.len() as u32;
+        for (part, &n) in plan.iter().enumerate() {
+            let body = format::encode_base_part_body(
+                name,
+                partition::head_of(state),
+                part as u32,
+                parts,
+                entries.by_ref().take(n),
+            );
+            journal.append(RecordKind::BasePart, state.hash, &body, place_head)?;
+        }
+        log::debug!(
+            "partition {}: base of {} keys written as {parts} records",
+            state.name,
+            index.len()
+        );
+    }
+    commit.chain_len = 1;
+    Ok(())
+}
+
+/// What one record of a walked chain does to the index.
+enum Effect {
+    /// Base entries (a whole base, or one part of a run): inserted.
+    Entries(Vec<(Vec<u8>, ValueLoc)>),
+    /// A batch's operations (keys and value locations only).
+    Ops(Vec<IndexOp>),
+}
+
+enum Link {
+    /// A small record, decoded during the walk.
+    Decoded(Effect),
+    /// A larger record, read again (whole, verified) when it is applied.
+    Reread(Loc),
+}
+
+/// Builds a partition's index by walking its chain back from `head` to its newest complete base
+/// (or the chain's start), then applying forward. Reads only this partition's recent records:
+/// the walk is bounded by the base interval, not by history (SPEC S5, S8).
+///
+/// Returns the index and the chain length since the base (a base run counts once).
+pub fn load_index(journal: &Journal, state: &PartState, head: Loc) -> Result<(Index, u32)> {
+    let corrupt = |at: Loc, what: &str| {
+        state.corrupt_error(&format!(
+            "{what} (record at segment {} offset {})",
+            loc_segment(at),
+            loc_offset(at)
+        ))
+    };
+    let mut links: Vec<Link> = Vec::new();
+    let mut chain_len = 0u32;
+    // While inside a complete base run: the part expected next (walking back) and the run size.
+    let mut run: Option<(u32, u32)> = None;
+    let mut at = head;
+    loop {
+        if at == 0 {
+            if run.is_some() {
+                return Err(corrupt(head, "a base run misses its first parts"));
+            }
+            break;
+        }
+        let start = journal.read_record_start(at).map_err(|e| match e {
+            Error::Corrupt { detail, what } => state.corrupt_error(&format!("{what}: {detail}")),
+            other => other,
+        })?;
+        let (frame, bytes, whole) = match start {
+            RecordStart::Whole(frame, body) => (frame, body, true),
+            RecordStart::Partial(frame, start) => (frame, start, false),
+        };
+        if frame.partition_hash != state.hash {
+            return Err(corrupt(at, "a chain link belongs to another partition"));
+        }
+        let Some((name, prev)) = decode_body_head(&bytes) else {
+            return Err(corrupt(at, "a record in its chain is malformed"));
+        };
+        if name != state.name.as_bytes() {
+            return Err(corrupt(at, "a record in its chain names another partition"));
+        }
+        // Chains only point backwards; anything else is damage, and would loop.
+        if frame.kind != RecordKind::Base && prev >= at {
+            return Err(corrupt(at, "a chain link points forwards"));
+        }
+        let link = move |bytes: Vec<u8>| -> Result<Link> {
+            if !whole {
+                return Ok(Link::Reread(at));
+            }
+            Ok(Link::Decoded(effect(state, at, frame.kind, &bytes)?))
+        };
+        match (frame.kind, run) {
+            (RecordKind::Batch, None) => {
+                links.push(link(bytes)?);
+                chain_len += 1;
+                at = prev;
+            }
+            (RecordKind::Base, None) => {
+                links.push(link(bytes)?);
+                chain_len += 1;
+                break;
+            }
+            (RecordKind::BasePart, _) => {
+                let Some((part, parts)) = decode_base_part_head(&bytes) else {
+                    return Err(corrupt(at, "a base part in its chain is malformed"));
+                };
+                match run {
+                    Some((expected, n)) if (part, parts) != (expected, n) => {
+                        return Err(corrupt(at, "a base run has a part out of place"));
+                    }
+                    None if part + 1 != parts => {
+                        // A run cut short (by a crash or a failed write): its parts carry
+                        // nothing. Verified, since the walk follows its link.
+                        if !whole {
+                            journal.read_record(at).map_err(|e| match e {
+                                Error::Corrupt { detail, what } => {
+                                    state.corrupt_error(&format!("{what}: {detail}"))
+                                }
+                                other => other,
+                            })?;
+                        }
+                        chain_len += 1;
+                        at = prev;
+                        continue;
+                    }
+                    _ => {}
+                }
+                links.push(link(bytes)?);
+                if part == 0 {
+                    chain_len += 1;
+                    break;
+                }
+                run = Some((part - 1, parts));
+                at = prev;
+            }
+            (_, Some(_)) => return Err(corrupt(at, "a base run is interrupted")),
+        }
+    }
+
+    let mut index = Index::new();
+    for link in links.into_iter().rev() {
+        let effect = match link {
+            Link::Decoded(effect) => effect,
+            Link::Reread(at) => {
+                let (frame, body) = journal.read_record(at).map_err(|e| match e {
+                    Error::Corrupt { detail, what } => {
+                        state.corrupt_error(&format!("{what}: {detail}"))
+                    }
+                    other => other,
+                })?;
+                effect(state, at, frame.kind, &body)?
+            }
+        };
+        match effect {
+            Effect::Entries(entries) => {
+                index.extend(entries.into_iter().map(|(k, v)| (k.into_boxed_slice(), v)))
+            }
+            Effect::Ops(ops) => {
+                partition::apply_to_index(&mut index, ops);
+            }
+        }
+    }
+    Ok((index, chain_len))
+}
+
+/// Decodes a verified record of the partition into its effect on the index; values stay on disk.
+fn effect(state: &PartState, at: Loc, kind: RecordKind, body: &[u8]) -> Result<Effect> {
+    let decoded = format::decode_body(kind, body)
+        .map_err(|_| state.corrupt_error("a record in its chain is malformed"))?;
+    if decoded.partition != state.name.as_bytes() {
+        return Err(state.corrupt_error("a record in its chain names another partition"));
+    }
+    Ok(match decoded.content {
+        Content::Base(entries) | Content::BasePart { entries, .. } => Effect::Entries(entries),
+        Content::Batch(ops) => Effect::Ops(partition::journal_ops_to_index(at, body, ops)),
+    })
+}

@@ -1,0 +1,113 @@
+//! Directory and open-time syncs: what makes a new store's directories, and whatever open
+//! found on disk, durable before the store relies on them (SPEC S3, S4).
+//!
+//! Called by open only; calls only the [`Vfs`].
+
+use std::path::Path;
+
+use super::format::SEGMENT_HEADER_LEN;
+use super::journal::JournalTail;
+use super::vfs::{Vfs, VfsFile};
+use crate::error::{Error, Result};
+
+/// Makes durable everything open is about to trust and serve (SPEC S4), as PostgreSQL syncs
+/// its data directory after a crash:
+///
+/// - the journal open scanned (from the snapshot's position; older segments were sealed, so
+///   synced, before their successor began) and every scanned segment's header. A process killed
+///   during its `fdatasync` leaves writes that readers see (they are in the page cache) but a
+///   power cut could still take away, after readers saw them and after later segments sealed
+///   them. A sync alone is not enough after a *failed* sync: the kernel then marks the pages
+///   clean although they never reached the disk (fsyncgate), so a reopen in the same boot reads
+///   them and a later sync writes nothing. Open therefore writes the scanned bytes again (the
+///   same bytes, which makes the pages dirty) and then syncs;
+/// - the journal directory, the store directory and its parent: a segment or snapshot whose
+///   directory entry was not yet synced.
+///
+/// On a store closed cleanly this rewrites one 32-byte header and syncs four things with
+/// nothing to write. `skip_tail` (a negative control, tests only) leaves the journal as found.
+pub(super) fn sync_what_open_found(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    journal_dir: &Path,
+    tail: &JournalTail,
+    scan_start: Option<(u32, u64)>,
+    skip_tail: bool,
+) -> Result<()> {
+    let (first, offset) = scan_start.unwrap_or((0, SEGMENT_HEADER_LEN));
+    for (&number, segment) in tail.segments.range(first..) {
+        if skip_tail {
+            break;
+        }
+        let from = if number == first {
+            offset
+        } else {
+            SEGMENT_HEADER_LEN
+        };
+        let io = |e| Error::io(format!("rewriting journal segment {number} at open"), e);
+        let file = &*segment.file;
+        let len = file.len().map_err(io)?;
+        rewrite(file, 0, SEGMENT_HEADER_LEN.min(len)).map_err(io)?;
+        rewrite(file, from.min(len), len).map_err(io)?;
+        file.sync_data()
+            .map_err(|e| Error::io(format!("syncing journal segment {number} at open"), e))?;
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    for d in [journal_dir, dir, parent] {
+        vfs.sync_dir(d)
+            .map_err(|e| Error::io(format!("syncing {} at open", d.display()), e))?;
+    }
+    Ok(())
+}
+
+/// Writes bytes `from..to` of `file` over themselves, a bounded chunk at a time.
+fn rewrite(file: &dyn VfsFile, from: u64, to: u64) -> std::io::Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let mut buf = Vec::new();
+    let mut at = from;
+    while at < to {
+        let n = CHUNK.min(to - at);
+        buf.resize(n as usize, 0);
+        file.read_exact_at(&mut buf, at)?;
+        file.write_all_at(&buf, at)?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// Creates a directory and any missing parents, and syncs the parent of each one created: a new
+/// directory's entry is no more durable than a new file's (SPEC S3), so without this a power cut
+/// could take a just-created store, with every batch acknowledged in it, away.
+pub(super) fn create_dir_durably(vfs: &dyn Vfs, dir: &Path) -> Result<()> {
+    let io = |what: &str, path: &Path, e| Error::io(format!("{what} {}", path.display()), e);
+    let mut missing = Vec::new();
+    for ancestor in dir.ancestors() {
+        if ancestor.as_os_str().is_empty()
+            || vfs
+                .kind(ancestor)
+                .map_err(|e| io("inspecting", ancestor, e))?
+                .is_some()
+        {
+            break;
+        }
+        missing.push(ancestor);
+    }
+    vfs.create_dir_all(dir)
+        .map_err(|e| io("creating", dir, e))?;
+    // Deepest first: each parent is synced once its new child holds what it must.
+    for created in missing {
+        if let Some(parent) = created.parent() {
+            let parent = if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            };
+            vfs.sync_dir(parent)
+                .map_err(|e| io("syncing the directory of", created, e))?;
+        }
+    }
+    Ok(())
+}

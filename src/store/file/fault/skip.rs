@@ -1,0 +1,130 @@
+//! Test-only switches that turn off one kind of sync of the file-backed store, so the crash
+//! tests can show that they catch each missing sync (negative controls; see docs/DESIGN.md,
+//! "Testing the store"). Built only with the `fault-injection` feature, never in production.
+//!
+//! Most switches wrap the store's [`Vfs`]: a skipped sync returns `Ok` without syncing, exactly
+//! what a store that forgot the call would see. [`SkipSync::ScannedTail`] is checked by open.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::store::file::vfs::{OpenMode, PathKind, Vfs, VfsFile, VfsLock};
+
+/// One kind of sync a store can be told to skip (feature `fault-injection`; tests only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SkipSync {
+    /// `fdatasync` of journal segments written by this store: commits are acknowledged before
+    /// they are durable (SPEC S3).
+    JournalData,
+    /// Every directory sync: new segments, renamed snapshots and the manifest, removals, new
+    /// directories.
+    Directories,
+    /// The sync of the store directory's parent when the store directory is created.
+    ParentDirectory,
+    /// Open's rewrite and sync of the journal it scanned: what a crashed process (or a failed
+    /// sync) left readable but not durable, which open must make durable before serving it.
+    ScannedTail,
+}
+
+/// A [`Vfs`] that skips the chosen syncs of the store in `dir`.
+pub(crate) struct SkippingVfs {
+    inner: Arc<dyn Vfs>,
+    dir: PathBuf,
+    skip: HashSet<SkipSync>,
+}
+
+impl SkippingVfs {
+    pub(crate) fn wrap(inner: Arc<dyn Vfs>, dir: &Path, skip: &HashSet<SkipSync>) -> Arc<dyn Vfs> {
+        if skip.is_empty() {
+            return inner;
+        }
+        Arc::new(SkippingVfs {
+            inner,
+            dir: dir.to_path_buf(),
+            skip: skip.clone(),
+        })
+    }
+}
+
+impl fmt::Debug for SkippingVfs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SkippingVfs")
+            .field("inner", &self.inner)
+            .field("skip", &self.skip)
+            .finish()
+    }
+}
+
+struct SkippingFile {
+    inner: Arc<dyn VfsFile>,
+    journal: bool,
+    skip: HashSet<SkipSync>,
+}
+
+impl fmt::Debug for SkippingFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl VfsFile for SkippingFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        if self.journal && self.skip.contains(&SkipSync::JournalData) {
+            return Ok(());
+        }
+        self.inner.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+}
+
+impl Vfs for SkippingVfs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
+        Ok(Arc::new(SkippingFile {
+            inner: self.inner.open(path, mode)?,
+            journal: path.starts_with(self.dir.join("journal")),
+            skip: self.skip.clone(),
+        }))
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(path)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn kind(&self, path: &Path) -> io::Result<Option<PathKind>> {
+        self.inner.kind(path)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let outside = !dir.starts_with(&self.dir);
+        if self.skip.contains(&SkipSync::Directories)
+            || (outside && self.skip.contains(&SkipSync::ParentDirectory))
+        {
+            return Ok(());
+        }
+        self.inner.sync_dir(dir)
+    }
+    fn try_lock(&self, path: &Path) -> io::Result<Box<dyn VfsLock>> {
+        self.inner.try_lock(path)
+    }
+}

@@ -1,0 +1,143 @@
+//! The engine's lifecycle (SPEC R11): dropping an engine closes it cleanly, `close` is bounded
+//! and stops the warm and every background driver, and drivers run on the engine's own pool.
+//! No test sleeps to synchronise; `within` only bounds a hang.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::engine::{TestMachine, TestStore, builder, entity, payloads, within};
+use crossbeam::channel;
+use parking_lot::Mutex;
+use portcullis::fence::{DriverLimits, FenceHooks, HookPoint};
+use portcullis::{EntityId, Error, ManualClock};
+
+fn recs(items: &[&str]) -> Vec<Vec<u8>> {
+    items.iter().map(|s| s.as_bytes().to_vec()).collect()
+}
+
+/// R11: dropping the last handle closes the engine cleanly, like `close`: the next open owes
+/// no repair and runs none.
+#[test]
+fn r11_dropping_an_engine_closes_it_cleanly() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    *machine.repair_records.lock() = recs(&["repaired"]);
+    let e = entity(1);
+    {
+        let engine = builder(&machine, &store).open().unwrap();
+        engine.register(&e).unwrap();
+        engine.append(&e, 0, recs(&["one"])).unwrap();
+        let clone = engine.clone();
+        drop(engine);
+        // A clone still holds it open.
+        assert_eq!(payloads(&clone, &e).unwrap(), recs(&["one"]));
+        drop(clone);
+    }
+    let engine = builder(&machine, &store).open().unwrap();
+    assert_eq!(engine.unclean_previous(), None, "the drop closed cleanly");
+    assert_eq!(payloads(&engine, &e).unwrap(), recs(&["one"]));
+    assert!(machine.repairs.lock().is_empty());
+    // `close` still reports what went wrong: here the clean-shutdown row cannot be written.
+    *store.fail_writes_of.lock() = Some(portcullis::store::Partition::new("s/engine").unwrap());
+    let err = engine.close().unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+}
+
+/// R11: `close` is bounded. A restore unit that never ends (application code stuck) makes
+/// `close` give up after its bound with `Unavailable` instead of hanging; calls made after
+/// that answer `Closed`.
+#[test]
+fn r11_close_is_bounded_when_a_unit_does_not_end() {
+    let store = TestStore::new();
+    {
+        let machine = Arc::new(TestMachine::default());
+        let engine = builder(&machine, &store).open().unwrap();
+        engine.register(&entity(0)).unwrap();
+        engine.close().unwrap();
+    }
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store)
+        .close_timeout(Duration::from_millis(100))
+        .open()
+        .unwrap();
+    let (entered_tx, entered_rx) = channel::bounded::<()>(1);
+    let (go_tx, go_rx) = channel::bounded::<()>(1);
+    machine.set_hook(move |_| {
+        entered_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+    });
+    let warm = engine.warm().unwrap();
+    entered_rx.recv().unwrap();
+    let closed = {
+        let engine = engine.clone();
+        within("close with a stuck restore unit", move || engine.close())
+    };
+    let err = closed.unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    assert!(err.to_string().contains("warm"), "{err}");
+    assert!(matches!(
+        engine.read(&entity(0), |_| ()),
+        Err(Error::Closed)
+    ));
+    go_tx.send(()).unwrap();
+    assert!(warm.wait().finished);
+}
+
+/// Records the name of the thread a revocation slice runs on.
+#[derive(Debug, Default)]
+struct SliceThreads(Mutex<Vec<Option<String>>>);
+
+impl FenceHooks for SliceThreads {
+    fn at(&self, point: HookPoint, _: Option<&EntityId>) {
+        if point == HookPoint::SliceBeforeCheckpoint {
+            let name = std::thread::current().name().map(str::to_owned);
+            self.0.lock().push(name);
+        }
+    }
+}
+
+/// R11, F9: a background revocation started through the engine runs on the engine's pool, and
+/// `close` stops it (it reports `complete: false`) instead of leaving it running.
+#[test]
+fn r11_close_stops_the_revocation_driver_which_runs_on_the_engines_pool() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let clock = Arc::new(ManualClock::new(100_000));
+    let engine = builder(&machine, &store)
+        .clock(clock.clone())
+        .open()
+        .unwrap();
+    let ns = entity(0).namespace().clone();
+    let threads = Arc::new(SliceThreads::default());
+    engine.fence().set_hooks(threads.clone());
+    // A recovery hold-off with the clock standing still: revocation cannot complete, and the
+    // driver waits between slices until it is cancelled.
+    engine.mark_lease_table_recovered(&ns).unwrap();
+    engine.bump_epoch(&ns, 1).unwrap();
+    let limits = DriverLimits {
+        idle_pause: Duration::from_secs(3_600),
+        ..DriverLimits::default()
+    };
+    let handle = engine.fence().revoke_in_background(&ns, limits);
+    {
+        let engine = engine.clone();
+        within("close with a revocation driver running", move || {
+            engine.close().unwrap()
+        });
+    }
+    let report = handle
+        .wait(Duration::from_secs(10))
+        .expect("close stopped the driver")
+        .unwrap();
+    assert!(!report.complete);
+    let names = threads.0.lock().clone();
+    assert!(!names.is_empty());
+    assert!(
+        names
+            .iter()
+            .all(|n| n.as_deref().is_some_and(|n| n.starts_with("portcullis-"))),
+        "slices ran on {names:?}"
+    );
+}

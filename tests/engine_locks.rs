@@ -1,0 +1,303 @@
+//! Locking rules for application code (SPEC R11, R2, R3): metrics hooks run with no internal
+//! lock held and may call back in; closures that hold an entity are refused (never deadlocked)
+//! when they call back in for an entity; restore units that touch each other in a cycle are
+//! refused instead of waiting forever; a slow deferral stalls nobody else. No test sleeps to
+//! synchronise: barriers and channels order the threads, and `within` only bounds a hang.
+
+mod common;
+
+use std::sync::{Arc, Barrier, OnceLock};
+use std::time::Duration;
+
+use common::engine::{
+    TestEngine, TestMachine, TestStore, builder, entity, payloads, within, writes_deferral,
+};
+use crossbeam::channel;
+use parking_lot::Mutex;
+use portcullis::restore::{Containment, Metrics};
+use portcullis::{EntityId, Error};
+
+fn recs(items: &[&str]) -> Vec<Vec<u8>> {
+    items.iter().map(|s| s.as_bytes().to_vec()).collect()
+}
+
+/// Registers `n` entities with one record each and closes, so they reopen pending.
+fn seeded(n: usize) -> Arc<TestStore> {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).open().unwrap();
+    for i in 0..n {
+        engine.register(&entity(i)).unwrap();
+        engine.append(&entity(i), 0, recs(&["r"])).unwrap();
+    }
+    engine.close().unwrap();
+    store
+}
+
+fn is_would_deadlock<T: std::fmt::Debug>(r: &Result<T, Error>) -> bool {
+    matches!(r, Err(e @ Error::WouldDeadlock { .. }) if e.code() == 13)
+}
+
+/// A metrics hook that calls back into the engine from every hook it receives.
+#[derive(Default)]
+struct CallsBack {
+    engine: OnceLock<TestEngine>,
+    seen: Mutex<Vec<String>>,
+}
+
+impl CallsBack {
+    fn engine(&self) -> &TestEngine {
+        self.engine.get().expect("set after open")
+    }
+}
+
+impl Metrics for CallsBack {
+    fn deferred(&self, entity: &EntityId, _: usize) {
+        let stats = self.engine().stats();
+        let pending = self.engine().containment(entity).map(|c| c.is_none());
+        self.seen.lock().push(format!(
+            "deferred {entity}: {} pending, not contained: {pending:?}",
+            stats.phases.pending
+        ));
+    }
+
+    fn appended(&self, entity: &EntityId, records: u64, _: u64) {
+        let folded = self.engine().read(entity, |s| s.records.len());
+        self.seen
+            .lock()
+            .push(format!("appended {records} to {entity}: read {folded:?}"));
+    }
+
+    fn entity_contained(&self, entity: &EntityId, reason: &Containment, _: Duration) {
+        let again = self.engine().containment(entity).map(|c| c.map(|c| c.kind));
+        let stats = self.engine().stats();
+        self.seen.lock().push(format!(
+            "contained {entity} ({}): {again:?}, {} contained",
+            reason.kind.name(),
+            stats.phases.contained
+        ));
+    }
+}
+
+/// R11: metrics hooks run with no internal lock held, so a hook may call `stats`, `containment`
+/// or even `read` of the entity it reports on.
+#[test]
+fn r11_metrics_hooks_may_call_back_into_the_engine() {
+    let store = seeded(2);
+    let machine = Arc::new(TestMachine::default());
+    let hook = Arc::new(CallsBack::default());
+    let engine = builder(&machine, &store)
+        .metrics(Arc::clone(&hook) as Arc<dyn Metrics>)
+        .open()
+        .unwrap();
+    hook.engine.set(engine.clone()).ok().unwrap();
+    let (a, b) = (entity(0), entity(1));
+    {
+        let engine = engine.clone();
+        let a = a.clone();
+        within("a deferral whose hook calls stats", move || {
+            engine.defer(&a, b"d".to_vec()).unwrap()
+        });
+    }
+    {
+        let engine = engine.clone();
+        let b = b.clone();
+        within("an append whose hook reads the same entity", move || {
+            engine.append(&b, 0, recs(&["x"])).unwrap()
+        });
+    }
+    {
+        let engine = engine.clone();
+        let b = b.clone();
+        let refused = within("a write whose refusal hook calls back", move || {
+            engine.append(&b, 0, recs(&["!refuse"]))
+        });
+        assert!(
+            matches!(refused, Err(Error::Contained { .. })),
+            "{refused:?}"
+        );
+    }
+    let seen = hook.seen.lock().clone();
+    assert_eq!(
+        seen,
+        vec![
+            format!("deferred {a}: 2 pending, not contained: Ok(true)"),
+            format!("appended 1 to {b}: read Ok(2)"),
+            format!("contained {b} (apply-refusal): Ok(Some(ApplyRefusal)), 1 contained"),
+        ]
+    );
+}
+
+/// R11: a slow deferral (its store write blocked) does not stall the warm's listing of pending
+/// entities, `stats`, or the first touch of another entity.
+#[test]
+fn r11_a_slow_deferral_stalls_nobody_else() {
+    let store = seeded(3);
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).open().unwrap();
+    let (entered_tx, entered_rx) = channel::bounded::<()>(1);
+    let (go_tx, go_rx) = channel::bounded::<()>(1);
+    store.set_before_apply(move |_, batch| {
+        if writes_deferral(batch) {
+            entered_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+        }
+    });
+    let deferring = {
+        let engine = engine.clone();
+        std::thread::spawn(move || engine.defer(&entity(0), b"slow".to_vec()))
+    };
+    entered_rx.recv().unwrap();
+    {
+        let engine = engine.clone();
+        let pending = within("stats during a slow deferral", move || {
+            engine.stats().phases.pending
+        });
+        assert_eq!(pending, 3);
+    }
+    {
+        let engine = engine.clone();
+        within("a warm started during a slow deferral", move || {
+            engine.warm().unwrap()
+        });
+    }
+    {
+        let engine = engine.clone();
+        let n = within("a first touch during a slow deferral", move || {
+            engine.read(&entity(2), |s| s.records.len()).unwrap()
+        });
+        assert_eq!(n, 1);
+    }
+    go_tx.send(()).unwrap();
+    deferring.join().unwrap().unwrap();
+    store.clear_hooks();
+    engine.current_warm().unwrap().wait();
+    assert_eq!(payloads(&engine, &entity(0)).unwrap(), recs(&["r", "slow"]));
+}
+
+/// R11: closures run while the engine holds their entity. Calling back in for an entity from
+/// there is refused with `WouldDeadlock` (code 13) instead of hanging; calls that touch no
+/// entity (stats, containment) are fine.
+#[test]
+fn r11_closures_that_call_back_for_an_entity_are_refused_not_deadlocked() {
+    let store = seeded(2);
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).open().unwrap();
+    let (a, b) = (entity(0), entity(1));
+    let inner = {
+        let engine = engine.clone();
+        let (a, b) = (a.clone(), b.clone());
+        within("a read closure calling back in", move || {
+            engine
+                .read(&a, |_| {
+                    (
+                        engine.read(&a, |s| s.records.len()),
+                        engine.read(&b, |s| s.records.len()),
+                        engine.append(&a, 0, recs(&["x"])),
+                        engine.defer(&b, b"x".to_vec()),
+                        engine.checkpoint(&a),
+                        engine.close(),
+                        engine.stats().phases.restored,
+                        engine.containment(&a).map(|c| c.is_none()),
+                    )
+                })
+                .unwrap()
+        })
+    };
+    assert!(is_would_deadlock(&inner.0), "{:?}", inner.0);
+    assert!(is_would_deadlock(&inner.1), "{:?}", inner.1);
+    assert!(is_would_deadlock(&inner.2), "{:?}", inner.2);
+    assert!(is_would_deadlock(&inner.3), "{:?}", inner.3);
+    assert!(is_would_deadlock(&inner.4), "{:?}", inner.4);
+    assert!(is_would_deadlock(&inner.5), "{:?}", inner.5);
+    assert_eq!(inner.6, 1);
+    assert!(inner.7.unwrap());
+    let from_decide = {
+        let engine = engine.clone();
+        let a = a.clone();
+        within("a write's decide calling back in", move || {
+            engine
+                .write(&a, 0, |_| {
+                    let inner = engine.read(&a, |_| ());
+                    (recs(&["y"]), inner)
+                })
+                .unwrap()
+        })
+    };
+    assert!(is_would_deadlock(&from_decide.value));
+    let from_fold = {
+        let engine = engine.clone();
+        let b = b.clone();
+        within("a fold_all closure calling back in", move || {
+            engine
+                .fold_all(Vec::new(), |mut acc, _, _| {
+                    acc.push(is_would_deadlock(&engine.read(&b, |_| ())));
+                    acc.push(is_would_deadlock(&engine.fold_all((), |_, _, _| ())));
+                    acc
+                })
+                .unwrap()
+        })
+    };
+    assert_eq!(from_fold.0, vec![true; 4]);
+    // Nothing was left held: the engine serves normally afterwards.
+    assert_eq!(payloads(&engine, &a).unwrap(), recs(&["r", "y"]));
+    assert_eq!(payloads(&engine, &b).unwrap(), recs(&["r"]));
+    engine.close().unwrap();
+}
+
+/// R11, R2: a unit of A that touches B while a unit of B touches A: one of the two inner
+/// touches is refused with `WouldDeadlock`, the other waits and succeeds, and both entities
+/// restore (each exactly once).
+#[test]
+fn r11_units_that_touch_each_other_are_refused_not_deadlocked() {
+    let store = seeded(2);
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).open().unwrap();
+    let handle: Arc<OnceLock<TestEngine>> = Arc::new(OnceLock::new());
+    handle.set(engine.clone()).ok().unwrap();
+    type Seen = Vec<(EntityId, Result<usize, u32>)>;
+    let inner: Arc<Mutex<Seen>> = Arc::default();
+    let both_inside = Arc::new(Barrier::new(2));
+    {
+        let handle = Arc::clone(&handle);
+        let inner = Arc::clone(&inner);
+        let both_inside = Arc::clone(&both_inside);
+        machine.set_hook(move |e| {
+            let other = if *e == entity(0) {
+                entity(1)
+            } else {
+                entity(0)
+            };
+            // Both units are running before either touches the other.
+            both_inside.wait();
+            let engine = handle.get().unwrap();
+            let seen = engine
+                .read(&other, |s| s.records.len())
+                .map_err(|e| e.code());
+            inner.lock().push((e.clone(), seen));
+        });
+    }
+    let (done_tx, done_rx) = channel::unbounded();
+    for i in 0..2 {
+        let engine = engine.clone();
+        let done_tx = done_tx.clone();
+        std::thread::spawn(move || {
+            let outer = engine.read(&entity(i), |s| s.records.len());
+            done_tx.send((i, outer)).unwrap();
+        });
+    }
+    for _ in 0..2 {
+        let (i, outer) = done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("two units touching each other deadlocked");
+        assert_eq!(outer.unwrap(), 1, "entity {i} restored");
+    }
+    let inner = inner.lock().clone();
+    assert_eq!(inner.len(), 2);
+    let refused: Vec<_> = inner.iter().filter(|(_, r)| *r == Err(13)).collect();
+    let served: Vec<_> = inner.iter().filter(|(_, r)| *r == Ok(1)).collect();
+    assert_eq!((refused.len(), served.len()), (1, 1), "{inner:?}");
+    assert_eq!(machine.units_of(&entity(0)), 1);
+    assert_eq!(machine.units_of(&entity(1)), 1);
+    assert_eq!(engine.stats().units_run, 2);
+}
