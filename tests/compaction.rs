@@ -191,3 +191,62 @@ fn a_base_run_cut_short_by_a_crash_is_passed_over() {
     let all = store.scan(&p, &KeyRange::all(), None, 100_000).unwrap();
     assert_eq!(all.entries.len() as u32, KEYS + 2);
 }
+
+/// Issue 8 item 12: the garbage estimate that starts compaction by itself survives restarts.
+/// Each session overwrites every value once, so each makes less garbage than half the journal,
+/// while together they make far more. A store that forgot its estimate at every open never
+/// compacted; this one starts a compaction in the third session and it reclaims the garbage.
+#[test]
+fn the_garbage_estimate_survives_restarts_and_starts_compaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Partition::new("p").unwrap();
+    let open = || {
+        FileStore::builder(dir.path())
+            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+            .segment_bytes(64 << 10)
+            .open()
+            .unwrap()
+    };
+    let write_every_key = |store: &FileStore, session: u8| {
+        for k in 0..200u32 {
+            let mut value = vec![session; 1000];
+            value[..4].copy_from_slice(&k.to_le_bytes());
+            let batch = Batch::new().put(format!("k{k:03}").into_bytes(), value);
+            assert!(store.apply(&p, &batch).unwrap().is_committed());
+        }
+    };
+    let mut estimate = 0;
+    for session in 0..2u8 {
+        let store = open();
+        assert_eq!(
+            store.stats().garbage_bytes,
+            estimate,
+            "session {session} starts from the estimate the last one left"
+        );
+        write_every_key(&store, session);
+        assert_eq!(store.background_compactions(), 0, "session {session}");
+        estimate = store.stats().garbage_bytes;
+        assert_eq!(estimate, u64::from(session) * 200 * 1000);
+        store.close().unwrap();
+    }
+    let store = open();
+    assert_eq!(store.stats().garbage_bytes, estimate, "the third session");
+    let segments = store.stats().segments;
+    write_every_key(&store, 2);
+    assert!(
+        store.background_compactions() >= 1,
+        "the garbage of three sessions starts a compaction (estimate {})",
+        store.stats().garbage_bytes
+    );
+    store.wait_for_background_compactions();
+    assert!(store.stats().compactions >= 1);
+    assert!(store.stats().segments < segments, "{:?}", store.stats());
+    for k in [0u32, 199] {
+        let value = store
+            .get(&p, format!("k{k:03}").as_bytes())
+            .unwrap()
+            .unwrap();
+        assert_eq!(value[999], 2);
+    }
+    store.close().unwrap();
+}

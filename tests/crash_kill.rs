@@ -3,6 +3,12 @@
 //! SIGKILL at a random moment, reopens the store and checks that it holds exactly a prefix of
 //! the batches including every acknowledged one, with no partial batch (SPEC S3, S4). Also the
 //! directory lock (SPEC S6), from the same process and from another one.
+//!
+//! A killed process leaves its writes in the operating system's page cache, so this test cannot
+//! see a missing `fdatasync` or directory sync: it passes with every sync skipped. It checks what
+//! a process crash can break (state held only in memory, the lock, recovery of a tail the
+//! process was writing on a real file system); `crash_sweep.rs` cuts the power at every I/O
+//! operation and is the test that catches missing syncs.
 
 mod common;
 

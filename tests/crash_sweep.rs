@@ -24,7 +24,7 @@ use common::check::{Model, check_state, read_state};
 use common::crash::{DIR, Timeline, builder, check_power_cut, image_seed, write_batches};
 use common::workload::{decode_gen, writer_batch, writer_partition, writer_rows};
 use parking_lot::Mutex;
-use portcullis::store::{CrashPoint, FaultFs, KeyRange, Outcome, SkipSync, Store};
+use portcullis::store::{CrashPoint, FaultFs, KeyRange, Outcome, SkipSync, Store, SyncPolicy};
 
 /// How much a lane sweeps.
 #[derive(Clone, Copy)]
@@ -65,6 +65,12 @@ fn long_lane() -> Lane {
 struct Findings {
     keep_going: bool,
     found: Vec<String>,
+    /// Images checked.
+    images: u64,
+    /// Images whose open truncated a torn tail.
+    torn_tails: u64,
+    /// Images that lost batches which were attempted but not acknowledged.
+    lost_unacknowledged: u64,
 }
 
 impl Findings {
@@ -72,6 +78,9 @@ impl Findings {
         Findings {
             keep_going: skip.is_some(),
             found: Vec::new(),
+            images: 0,
+            torn_tails: 0,
+            lost_unacknowledged: 0,
         }
     }
 
@@ -88,6 +97,18 @@ impl Findings {
 
     fn finish(self, swept: usize) -> Result<usize, String> {
         if self.found.is_empty() {
+            eprintln!(
+                "{} images: {} with a torn tail truncated, {} lost unacknowledged batches",
+                self.images, self.torn_tails, self.lost_unacknowledged
+            );
+            // A sweep that never tears a tail or drops an unsynced batch tests nothing.
+            if self.images > 0 && (self.torn_tails == 0 || self.lost_unacknowledged == 0) {
+                return Err(format!(
+                    "the sweep is toothless: {} images, {} torn tails, {} with unacknowledged \
+                     batches lost",
+                    self.images, self.torn_tails, self.lost_unacknowledged
+                ));
+            }
             Ok(swept)
         } else {
             Err(self.found.join("\n"))
@@ -108,26 +129,40 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, St
 
 /// One writer: creates the store, writes `lane.batches` batches with a heads snapshot after a
 /// third of them and a compaction after two thirds, closes, reopens and writes four more.
-/// Returns every crash point and the timeline of the batches.
-fn single_writer(lane: Lane, skip: Option<SkipSync>) -> (Vec<CrashPoint>, Timeline) {
+/// Returns every crash point and the timeline of the batches. Under a weak `policy` only the
+/// snapshot, the compaction and each close acknowledge (they sync everything before them).
+fn single_writer(
+    lane: Lane,
+    skip: Option<SkipSync>,
+    policy: SyncPolicy,
+) -> (Vec<CrashPoint>, Timeline) {
     let fs = FaultFs::new();
     fs.record_crash_points();
-    let mut timeline = Timeline::default();
-    let store = builder(&fs, skip).open().expect("creating the store");
+    let mut timeline = if policy == SyncPolicy::SyncEveryCommit {
+        Timeline::default()
+    } else {
+        Timeline::weak()
+    };
+    let open = || builder(&fs, skip).sync_policy(policy).open();
+    let store = open().expect("creating the store");
     let n = lane.batches;
-    write_batches(&store, &fs, &mut timeline, 1..=n, |i| {
+    write_batches(&store, &fs, &mut timeline, 1..=n, |i, timeline| {
         if i == n / 3 {
             store.write_heads_snapshot().expect("snapshot");
+            timeline.flushed(i, &fs);
         }
         if i == 2 * n / 3 {
             let report = store.compact().expect("compaction");
             assert!(report.segments_removed > 0, "compaction removed nothing");
+            timeline.flushed(i, &fs);
         }
     });
     store.close().expect("close");
-    let store = builder(&fs, skip).open().expect("reopening");
-    write_batches(&store, &fs, &mut timeline, n + 1..=n + 4, |_| {});
+    timeline.flushed(n, &fs);
+    let store = open().expect("reopening");
+    write_batches(&store, &fs, &mut timeline, n + 1..=n + 4, |_, _| {});
     store.close().expect("second close");
+    timeline.flushed(n + 4, &fs);
     (fs.take_crash_points(), timeline)
 }
 
@@ -148,16 +183,26 @@ fn sweep_points(
             let seed = image_seed(lane.base_seed, point.op, s);
             let what = format!("{context}power cut {point:?}, image seed {seed:#x}");
             let image = point.power_cut(seed);
-            findings.note(guarded(&what, || {
-                check_power_cut(&image, model, acked, attempted, seed).map(|_| ())
-            }))?;
+            let checked = guarded(&what, || {
+                check_power_cut(&image, model, acked, attempted, seed)
+            });
+            if let Ok(recovered) = &checked {
+                findings.images += 1;
+                findings.torn_tails += u64::from(recovered.torn_tail);
+                findings.lost_unacknowledged += u64::from(recovered.newest < attempted);
+            }
+            findings.note(checked.map(|_| ()))?;
         }
     }
     Ok(())
 }
 
-fn single_writer_sweep(lane: Lane, skip: Option<SkipSync>) -> Result<usize, String> {
-    let (points, timeline) = single_writer(lane, skip);
+fn single_writer_sweep(
+    lane: Lane,
+    skip: Option<SkipSync>,
+    policy: SyncPolicy,
+) -> Result<usize, String> {
+    let (points, timeline) = single_writer(lane, skip, policy);
     let mut model = Model::default();
     let bounds = |op| (timeline.acked_before(op), timeline.attempted_before(op));
     let mut findings = Findings::new(skip);
@@ -165,35 +210,52 @@ fn single_writer_sweep(lane: Lane, skip: Option<SkipSync>) -> Result<usize, Stri
     findings.finish(points.len())
 }
 
-/// Kills the single writer inside each sync (every `stride`-th one; a journal `fdatasync`, a
-/// snapshot's, a directory's), so the page cache holds writes the disk may not; reopens,
-/// reads, writes two batches and closes while recording; then power-cuts at every operation of
-/// that second life. Once open has returned, what it showed counts as acknowledged: readers
-/// may have seen it.
-fn kill_then_power_cut_sweep(
+/// How the first life of a two-life sweep ends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FirstCrash {
+    /// The process is killed inside a sync (a journal `fdatasync`, a snapshot's, a
+    /// directory's): the page cache holds writes the disk may not.
+    Kill,
+    /// The power is cut (one seeded image per point): recovery then repairs the image (a torn
+    /// tail truncated, a half-created segment removed) while a second power cut may strike.
+    PowerCut,
+}
+
+/// Ends the single writer's first life at every `stride`-th crash point (only syncs for a
+/// kill), then reopens, reads, writes two batches and closes while recording, and power-cuts
+/// at every operation of that second life. Once open has returned, what it showed counts as
+/// acknowledged: readers may have seen it.
+fn second_life_sweep(
     lane: Lane,
+    first: FirstCrash,
     stride: usize,
     skip: Option<SkipSync>,
 ) -> Result<usize, String> {
-    let (points, timeline) = single_writer(lane, skip);
+    let (points, timeline) = single_writer(lane, skip, SyncPolicy::SyncEveryCommit);
     let mut model = Model::default();
-    let kills: Vec<&CrashPoint> = points
+    let ends: Vec<&CrashPoint> = points
         .iter()
-        .filter(|p| p.what.starts_with("sync_"))
+        .filter(|p| first == FirstCrash::PowerCut || p.what.starts_with("sync_"))
         .step_by(stride)
         .collect();
-    let journal_syncs = kills
+    let journal_syncs = ends
         .iter()
         .filter(|p| p.what.starts_with(&format!("sync_data {DIR}/journal")))
         .count();
     assert!(journal_syncs >= 5, "too few journal syncs: {journal_syncs}");
     let mut findings = Findings::new(skip);
     let mut swept = 0;
-    for kill in kills {
-        let context = format!("killed {kill:?}, then ");
-        let acked = timeline.acked_before(kill.op);
-        let attempted = timeline.attempted_before(kill.op);
-        let fs = kill.kill();
+    for end in ends {
+        let acked = timeline.acked_before(end.op);
+        let attempted = timeline.attempted_before(end.op);
+        let (fs, context) = match first {
+            FirstCrash::Kill => (end.kill(), format!("killed {end:?}, then ")),
+            FirstCrash::PowerCut => {
+                let seed = image_seed(lane.base_seed ^ 0x2B, end.op, 0);
+                let context = format!("power cut {end:?} (image seed {seed:#x}), then ");
+                (end.power_cut(seed), context)
+            }
+        };
         fs.record_crash_points();
         let reopened = builder(&fs, skip)
             .open()
@@ -214,7 +276,7 @@ fn kill_then_power_cut_sweep(
         };
         let opened = fs.ops();
         let mut second = Timeline::default();
-        write_batches(&store, &fs, &mut second, seen + 1..=seen + 2, |_| {});
+        write_batches(&store, &fs, &mut second, seen + 1..=seen + 2, |_, _| {});
         store
             .close()
             .map_err(|e| format!("{context}close failed: {e}"))?;
@@ -412,7 +474,21 @@ fn must_pass(result: Result<usize, String>, what: &str) {
 /// compaction, close, reopen-then-write (SPEC S3, S4).
 #[test]
 fn a_power_cut_at_every_operation_keeps_every_acknowledged_batch() {
-    must_pass(single_writer_sweep(DEFAULT_LANE, None), "single writer");
+    must_pass(
+        single_writer_sweep(DEFAULT_LANE, None, SyncPolicy::SyncEveryCommit),
+        "single writer",
+    );
+}
+
+/// Under `NeverSyncMayLoseRecent` a power cut may lose any batch since the last snapshot,
+/// compaction or close, but never shows a partial batch and never damages anything: every
+/// segment but the newest was synced before the next began, whatever the policy (SPEC S4).
+#[test]
+fn a_power_cut_under_never_sync_loses_only_what_was_not_flushed() {
+    must_pass(
+        single_writer_sweep(DEFAULT_LANE, None, SyncPolicy::NeverSyncMayLoseRecent),
+        "single writer, never sync",
+    );
 }
 
 /// A process killed inside a journal sync leaves writes in the page cache that the disk may
@@ -421,8 +497,18 @@ fn a_power_cut_at_every_operation_keeps_every_acknowledged_batch() {
 #[test]
 fn a_power_cut_after_a_kill_and_reopen_loses_nothing_readers_saw() {
     must_pass(
-        kill_then_power_cut_sweep(DEFAULT_LANE, 2, None),
+        second_life_sweep(DEFAULT_LANE, FirstCrash::Kill, 2, None),
         "kill then power cut",
+    );
+}
+
+/// A power cut, recovery, and a second power cut at every operation of recovery and of the
+/// writes after it: what recovery repairs, and what it then shows, stays (SPEC S4).
+#[test]
+fn a_power_cut_during_recovery_loses_nothing_the_first_recovery_would_keep() {
+    must_pass(
+        second_life_sweep(DEFAULT_LANE, FirstCrash::PowerCut, 4, None),
+        "power cut, recovery, power cut",
     );
 }
 
@@ -440,10 +526,21 @@ fn a_power_cut_during_group_commit_keeps_a_prefix_of_the_journal() {
 fn power_cuts_long_lane() {
     let lane = long_lane();
     eprintln!("long lane, base seed {:#x}", lane.base_seed);
-    must_pass(single_writer_sweep(lane, None), "single writer");
     must_pass(
-        kill_then_power_cut_sweep(lane, 1, None),
+        single_writer_sweep(lane, None, SyncPolicy::SyncEveryCommit),
+        "single writer",
+    );
+    must_pass(
+        single_writer_sweep(lane, None, SyncPolicy::NeverSyncMayLoseRecent),
+        "single writer, never sync",
+    );
+    must_pass(
+        second_life_sweep(lane, FirstCrash::Kill, 1, None),
         "kill then power cut",
+    );
+    must_pass(
+        second_life_sweep(lane, FirstCrash::PowerCut, 1, None),
+        "power cut, recovery, power cut",
     );
     must_pass(group_commit_sweep(lane, None), "group commit");
 }
@@ -476,7 +573,7 @@ const LOST: &[&str] = &["was acknowledged"];
 fn control_skipping_the_journal_sync_is_caught() {
     let skip = Some(SkipSync::JournalData);
     must_catch(
-        single_writer_sweep(DEFAULT_LANE, skip),
+        single_writer_sweep(DEFAULT_LANE, skip, SyncPolicy::SyncEveryCommit),
         LOST,
         "no journal sync (one writer)",
     );
@@ -493,7 +590,7 @@ fn control_skipping_the_journal_sync_is_caught() {
 fn control_skipping_directory_syncs_is_caught() {
     let skip = Some(SkipSync::Directories);
     must_catch(
-        single_writer_sweep(DEFAULT_LANE, skip),
+        single_writer_sweep(DEFAULT_LANE, skip, SyncPolicy::SyncEveryCommit),
         LOST,
         "no directory sync",
     );
@@ -505,7 +602,7 @@ fn control_skipping_directory_syncs_is_caught() {
 fn control_skipping_the_parent_directory_sync_is_caught() {
     let skip = Some(SkipSync::ParentDirectory);
     must_catch(
-        single_writer_sweep(DEFAULT_LANE, skip),
+        single_writer_sweep(DEFAULT_LANE, skip, SyncPolicy::SyncEveryCommit),
         LOST,
         "no parent directory sync",
     );
@@ -517,7 +614,7 @@ fn control_skipping_the_parent_directory_sync_is_caught() {
 fn control_skipping_the_sync_of_the_scanned_tail_is_caught() {
     let skip = Some(SkipSync::ScannedTail);
     must_catch(
-        kill_then_power_cut_sweep(DEFAULT_LANE, 1, skip),
+        second_life_sweep(DEFAULT_LANE, FirstCrash::Kill, 1, skip),
         LOST,
         "no tail sync at open",
     );

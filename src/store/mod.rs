@@ -19,7 +19,8 @@ pub use etcd::{
 
 pub use file::{
     CompactionReport, CrashPoint, DamagedRecord, FailMode, FaultFs, FileStore, FileStoreBuilder,
-    OpenMode, OpenReport, OsFs, PathKind, SyncPolicy, TornTail, Vfs, VfsFile, VfsLock,
+    OpenMode, OpenReport, OsFs, PathKind, RefusedPartition, StoreDamage, SyncPolicy, TornTail, Vfs,
+    VfsFile, VfsLock,
 };
 
 #[cfg(feature = "fault-injection")]

@@ -533,6 +533,9 @@ pub struct StoreStats {
     pub segments: u64,
     /// Compactions completed since open.
     pub compactions: u64,
+    /// Estimated bytes of overwritten and deleted values that compaction could reclaim. The
+    /// file store keeps the estimate across restarts; 0 for backends without compaction.
+    pub garbage_bytes: u64,
 }
 
 /// Refuses a batch that carries a `NotAfter` precondition, for a backend that cannot evaluate

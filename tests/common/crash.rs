@@ -38,6 +38,9 @@ pub fn builder(fs: &FaultFs, skip: Option<SkipSync>) -> FileStoreBuilder {
 pub struct Timeline {
     started: Vec<(u64, u64)>,
     acked: Vec<(u64, u64)>,
+    /// `Committed` does not mean durable (a weaker sync policy): only [`Timeline::flushed`]
+    /// acknowledges.
+    weak: bool,
 }
 
 impl Timeline {
@@ -46,8 +49,23 @@ impl Timeline {
         self.started.push((n, fs.ops()));
     }
 
-    /// Batch `n` was acknowledged as committed.
+    /// A timeline for a sync policy under which `Committed` is not a promise of durability.
+    pub fn weak() -> Self {
+        Timeline {
+            weak: true,
+            ..Timeline::default()
+        }
+    }
+
+    /// Batch `n` was acknowledged as committed (durable, unless the timeline is weak).
     pub fn ack(&mut self, n: u64, fs: &FaultFs) {
+        if !self.weak {
+            self.acked.push((n, fs.ops()));
+        }
+    }
+
+    /// Every batch up to `n` was made durable (a flush, snapshot, compaction or close returned).
+    pub fn flushed(&mut self, n: u64, fs: &FaultFs) {
         self.acked.push((n, fs.ops()));
     }
 
@@ -70,18 +88,27 @@ pub fn write_batches(
     fs: &FaultFs,
     timeline: &mut Timeline,
     range: std::ops::RangeInclusive<u64>,
-    mut after: impl FnMut(u64),
+    mut after: impl FnMut(u64, &mut Timeline),
 ) {
     for n in range {
         timeline.start(n, fs);
         let outcome = store.apply(&partition_of(n), &batch(n));
         assert_eq!(outcome.ok(), Some(Outcome::Committed), "batch {n}");
         timeline.ack(n, fs);
-        after(n);
+        after(n, timeline);
     }
 }
 
-/// Checks one crash image left by a power cut, and returns the newest batch it holds. The
+/// What recovery made of one crash image.
+#[derive(Clone, Copy, Debug)]
+pub struct Recovered {
+    /// The newest batch the image holds.
+    pub newest: u64,
+    /// Whether open truncated a torn tail.
+    pub torn_tail: bool,
+}
+
+/// Checks one crash image left by a power cut, and says what recovery made of it. The
 /// store that checks always syncs correctly (a negative control switches syncs off only in the
 /// workload that wrote the image):
 /// - open succeeds and reports no damage (a power cut alone damages nothing that was synced, so
@@ -96,7 +123,7 @@ pub fn check_power_cut(
     acked: u64,
     attempted: u64,
     seed: u64,
-) -> Result<u64, String> {
+) -> Result<Recovered, String> {
     let store = builder(image, None)
         .open()
         .map_err(|e| format!("open failed: {e}"))?;
@@ -120,7 +147,10 @@ pub fn check_power_cut(
         .map_err(|e| format!("open after a power cut after recovery: {e}"))?;
     check_store(model, &again, m + 2, m + 2)
         .map_err(|e| format!("power cut after a clean close after recovery: {e}"))?;
-    Ok(m)
+    Ok(Recovered {
+        newest: m,
+        torn_tail: report.torn_tail.is_some(),
+    })
 }
 
 /// The seed of crash image `s` at operation `op`: distinct per point, fixed by `base`.

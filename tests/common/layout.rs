@@ -3,7 +3,7 @@
 //! walk checks itself against the file, so a format change fails these tests loudly instead of
 //! letting them damage the wrong bytes.
 
-/// Bytes of a segment header: magic (8), version (4), number (4), salt (8), crc (4), padding.
+/// Bytes of a segment header: preamble (16), number (4), salt (8), crc (4).
 pub const SEGMENT_HEADER_LEN: usize = 32;
 /// Bytes of a record frame before its body.
 pub const FRAME_LEN: usize = 37;
@@ -58,15 +58,24 @@ pub fn partition_hash(name: &[u8]) -> u64 {
     h
 }
 
-/// Sets the format version of a segment header and re-seals its checksum, so the version is
-/// the only thing wrong with it.
+/// Bytes of the preamble every file starts with: magic (8), version (4), crc32c of those (4).
+pub const PREAMBLE_LEN: usize = 16;
+
+/// Writes a preamble claiming format `version` that checks out, as a later release would
+/// write it: the version is the only thing this build cannot read (what follows is left as it
+/// is, a layout this build must not try to interpret).
+pub fn set_preamble_version(file: &mut [u8], version: u32) {
+    file[VERSION_AT..VERSION_AT + 4].copy_from_slice(&version.to_le_bytes());
+    let crc = crc32c::crc32c(&file[0..12]);
+    file[12..16].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Sets the format version of a segment header (see [`set_preamble_version`]).
 pub fn set_segment_version(segment: &mut [u8], version: u32) {
-    segment[VERSION_AT..VERSION_AT + 4].copy_from_slice(&version.to_le_bytes());
-    let crc = crc32c::crc32c(&segment[0..24]);
-    segment[24..28].copy_from_slice(&crc.to_le_bytes());
+    set_preamble_version(segment, version);
 }
 
 /// Sets the format version of a whole-file envelope (manifest, heads snapshot).
 pub fn set_envelope_version(file: &mut [u8], version: u32) {
-    file[VERSION_AT..VERSION_AT + 4].copy_from_slice(&version.to_le_bytes());
+    set_preamble_version(file, version);
 }

@@ -8,6 +8,7 @@
 pub mod backends;
 pub mod check;
 pub mod crash;
+pub mod disk;
 pub mod engine;
 #[cfg(feature = "etcd")]
 pub mod etcd;

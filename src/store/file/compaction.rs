@@ -54,11 +54,35 @@ pub(super) fn worth_compacting(inner: &Inner) -> bool {
     garbage * 2 > segments * inner.config.segment_bytes
 }
 
+/// Counts the compactions started by themselves (on the rayon pool) and those finished.
+#[derive(Default)]
+pub(super) struct Background {
+    counts: parking_lot::Mutex<(u64, u64)>,
+    finished: parking_lot::Condvar,
+}
+
+impl Background {
+    /// Background compactions started since open.
+    pub(super) fn started(&self) -> u64 {
+        self.counts.lock().0
+    }
+
+    /// Waits until every background compaction started so far has finished.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
+    pub(super) fn wait_idle(&self) {
+        let mut counts = self.counts.lock();
+        while counts.1 < counts.0 {
+            self.finished.wait(&mut counts);
+        }
+    }
+}
+
 /// Runs a compaction on the rayon pool unless one is already running.
 pub(super) fn spawn(inner: &Arc<Inner>) {
     if inner.compaction_running.swap(true, Ordering::AcqRel) {
         return;
     }
+    inner.background.counts.lock().0 += 1;
     let inner = inner.clone();
     rayon::spawn(move || {
         // A panic must not unwind out of a rayon task (it would abort the process).
@@ -69,6 +93,8 @@ pub(super) fn spawn(inner: &Arc<Inner>) {
             Err(_) => log::error!("background compaction panicked; it will be retried later"),
         }
         inner.compaction_running.store(false, Ordering::Release);
+        inner.background.counts.lock().1 += 1;
+        inner.background.finished.notify_all();
     });
 }
 
@@ -76,7 +102,6 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
     let _one_at_a_time = inner.compaction_lock.lock();
     // Close waits for this lock; a compaction must not start on a closed store.
     inner.check_open()?;
-    inner.journal.drop_retired();
     let tail = inner.journal.tail_segment();
     let victims: Vec<u32> = inner
         .journal
@@ -129,20 +154,42 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
         }
     }
 
+    // The estimate drops by what the deletions below reclaim before the snapshot records it,
+    // so a restart does not find the garbage of deleted segments still counted.
+    let mut doomed = Vec::new();
+    for &number in victims.iter().filter(|n| !keep.contains(n)) {
+        let size = inner.journal.segment(number)?.file.len().unwrap_or(0);
+        doomed.push((number, size));
+    }
+    let reclaimed = doomed
+        .iter()
+        .map(|(_, size)| size)
+        .sum::<u64>()
+        .saturating_sub(report.bytes_copied);
+    let _ = inner
+        .garbage_bytes
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| {
+            Some(g.saturating_sub(reclaimed))
+        });
+
     // Everything copied must be durable, and the snapshot must point past it, before any
-    // victim disappears.
+    // victim disappears. The manifest written with it records which segments go, so a rebuild
+    // can tell these gaps from a loss (SPEC S4).
+    inner
+        .damage
+        .lock()
+        .retire(victims.iter().copied().filter(|n| !keep.contains(n)));
     inner.journal.sync_all()?;
     inner.write_snapshot()?;
 
+    // Every index now points away from the victims; wait for readers that took a location
+    // before that, so none reads a deleted segment.
+    inner.journal.wait_for_readers();
     let journal_dir = inner.config.dir.join(super::JOURNAL_DIR);
     let vfs = &*inner.config.vfs;
-    for number in victims {
-        if keep.contains(&number) {
-            report.segments_kept += 1;
-            continue;
-        }
+    report.segments_kept = (victims.len() - doomed.len()) as u32;
+    for (number, size) in doomed {
         let path = journal_dir.join(segment_file_name(number));
-        let size = inner.journal.segment(number)?.file.len().unwrap_or(0);
         vfs.remove(&path)
             .map_err(|e| Error::io(format!("removing {}", path.display()), e))?;
         inner.journal.retire_segment(number);
@@ -151,12 +198,6 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
     }
     vfs.sync_dir(&journal_dir)
         .map_err(|e| Error::io(format!("syncing {}", journal_dir.display()), e))?;
-    let reclaimed = report.bytes_removed.saturating_sub(report.bytes_copied);
-    let _ = inner
-        .garbage_bytes
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| {
-            Some(g.saturating_sub(reclaimed))
-        });
     inner.compactions.fetch_add(1, Ordering::Relaxed);
     log::debug!("compaction: {report:?}");
     Ok(report)

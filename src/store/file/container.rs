@@ -1,19 +1,23 @@
 //! Small whole files (the manifest, heads snapshots): a versioned, checksummed envelope around
 //! a postcard body, written atomically (temp file, sync, rename, sync directory).
 //!
-//! Envelope: magic (8) | format version (4) | body length (4) | crc32c of body (4) | body.
-//! The version is read before anything else, so a newer file is refused, never misread (S10).
+//! Envelope (version 2): preamble (magic, format version, preamble checksum: 16) | body length
+//! (4) | crc32c of body (4) | body. Version 1 had no preamble checksum (20 bytes before the
+//! body). Magic and version are read before anything else by the rule every file follows
+//! ([`format::read_preamble`]): a newer file is refused, never misread (S10); a damaged one is
+//! damage.
 
 use std::path::Path;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::format::FORMAT_VERSION;
+use super::format::{self, PREAMBLE_LEN};
 use super::vfs::{OpenMode, Vfs};
 use crate::error::{Error, Result};
 
-const ENVELOPE_LEN: usize = 20;
+const ENVELOPE_LEN: usize = PREAMBLE_LEN + 8;
+const ENVELOPE_V1_LEN: usize = 20;
 
 /// Writes `value` to `dir/name` atomically.
 pub fn write_atomic<T: Serialize>(
@@ -26,8 +30,7 @@ pub fn write_atomic<T: Serialize>(
     let body =
         postcard::to_stdvec(value).map_err(|e| Error::invalid(format!("encoding {name}: {e}")))?;
     let mut bytes = Vec::with_capacity(ENVELOPE_LEN + body.len());
-    bytes.extend_from_slice(magic);
-    bytes.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    bytes.extend_from_slice(&format::encode_preamble(magic));
     bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
     bytes.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
     bytes.extend_from_slice(&body);
@@ -47,50 +50,64 @@ pub fn write_atomic<T: Serialize>(
     Ok(())
 }
 
-/// Reads and verifies `dir/name`. `Ok(None)` if the file does not exist.
-pub fn read<T: DeserializeOwned>(
-    vfs: &dyn Vfs,
-    dir: &Path,
-    name: &str,
-    magic: &[u8; 8],
-) -> Result<Option<(T, u64)>> {
+/// A verified file: its format version and body.
+pub struct Envelope {
+    pub version: u32,
+    pub body: Vec<u8>,
+    pub len: u64,
+    path: String,
+}
+
+impl Envelope {
+    /// Decodes the body; a body that does not decode is damage.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T> {
+        postcard::from_bytes(&self.body)
+            .map_err(|e| Error::corrupt(self.path.clone(), format!("undecodable: {e}")))
+    }
+}
+
+/// Reads and verifies `dir/name`. `Ok(None)` if the file does not exist. A newer format is
+/// `UnsupportedVersion`; anything else wrong is `Corrupt`.
+pub fn read(vfs: &dyn Vfs, dir: &Path, name: &str, magic: &[u8; 8]) -> Result<Option<Envelope>> {
     let path = dir.join(name);
+    let shown = path.display().to_string();
     let file = match vfs.open(&path, OpenMode::Read) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(format!("opening {}", path.display()), e)),
+        Err(e) => return Err(Error::io(format!("opening {shown}"), e)),
     };
     let len = file
         .len()
-        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    let corrupt = |detail: &str| Error::corrupt(path.display().to_string(), detail.to_owned());
-    if len < ENVELOPE_LEN as u64 {
+        .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+    let corrupt = |detail: &str| Error::corrupt(shown.clone(), detail.to_owned());
+    let mut head = [0u8; ENVELOPE_LEN];
+    let head_len = (len as usize).min(ENVELOPE_LEN);
+    file.read_exact_at(&mut head[..head_len], 0)
+        .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+    let version = format::read_preamble(&head[..head_len], magic, &shown)?;
+    let envelope_len = if version == 1 {
+        ENVELOPE_V1_LEN
+    } else {
+        ENVELOPE_LEN
+    };
+    if (len as usize) < envelope_len {
         return Err(corrupt("file too short"));
     }
-    let mut head = [0u8; ENVELOPE_LEN];
-    file.read_exact_at(&mut head, 0)
-        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    if &head[0..8] != magic {
-        return Err(corrupt("wrong magic number"));
-    }
-    let version = u32::from_le_bytes(head[8..12].try_into().unwrap());
-    if version > FORMAT_VERSION {
-        return Err(Error::UnsupportedVersion {
-            file: path.display().to_string(),
-            found: version,
-            supported: FORMAT_VERSION,
-        });
-    }
-    let body_len = u32::from_le_bytes(head[12..16].try_into().unwrap()) as u64;
-    if body_len != len - ENVELOPE_LEN as u64 {
+    let fields = &head[envelope_len - 8..envelope_len];
+    let body_len = u32::from_le_bytes(fields[0..4].try_into().unwrap()) as u64;
+    if body_len != len - envelope_len as u64 {
         return Err(corrupt("length does not match the file size"));
     }
     let mut body = vec![0u8; body_len as usize];
-    file.read_exact_at(&mut body, ENVELOPE_LEN as u64)
-        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    if crc32c::crc32c(&body) != u32::from_le_bytes(head[16..20].try_into().unwrap()) {
+    file.read_exact_at(&mut body, envelope_len as u64)
+        .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+    if crc32c::crc32c(&body) != u32::from_le_bytes(fields[4..8].try_into().unwrap()) {
         return Err(corrupt("checksum mismatch"));
     }
-    let value = postcard::from_bytes(&body).map_err(|e| corrupt(&format!("undecodable: {e}")))?;
-    Ok(Some((value, len)))
+    Ok(Some(Envelope {
+        version,
+        body,
+        len,
+        path: shown,
+    }))
 }

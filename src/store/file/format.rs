@@ -1,6 +1,9 @@
 //! The on-disk encoding of journal segments and records. Pure functions: no I/O.
 //!
-//! Segment header (32 bytes): magic, format version, segment number, salt, header checksum.
+//! Every file starts with magic and format version, checked by a preamble checksum that no
+//! version may move, so the version is read before anything a version could change (S10).
+//! Segment header (32 bytes): preamble (magic, format version, its checksum), segment number,
+//! salt, header checksum.
 //! Record frame (37 bytes) then body:
 //!
 //! | field          | bytes | meaning                                                     |
@@ -21,13 +24,65 @@ use std::ops::Bound;
 use super::super::types::{KeyRange, Op};
 use crate::error::{Error, Result};
 
-/// The format version this build writes and the newest it reads (SPEC S10).
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version this build writes and the newest it reads (SPEC S10). Version 1 files
+/// (no preamble check, no persisted damage) are still read.
+pub const FORMAT_VERSION: u32 = 2;
 pub const SEGMENT_MAGIC: [u8; 8] = *b"PCLSSEG\x01";
 pub const SEGMENT_HEADER_LEN: u64 = 32;
 pub const FRAME_LEN: usize = 37;
 /// No record body may exceed this (the largest batch plus framing of every op).
 pub const MAX_BODY_LEN: usize = (64 << 20) + (16 << 20);
+/// Every file from version 2 on starts with this preamble, whose layout no later version may
+/// change: magic (8) | format version (4) | crc32c of those 12 bytes (4).
+pub const PREAMBLE_LEN: usize = 16;
+
+/// Reads a file's magic and format version before anything whose layout a version could
+/// change, with one rule for every file (SPEC S10): a damaged magic or preamble is damage
+/// (`Corrupt`); a newer version whose preamble checks out is `UnsupportedVersion`. Returns the
+/// version (1 or [`FORMAT_VERSION`]). Version 1 files had no preamble check; their own header
+/// checksum covers the version.
+pub fn read_preamble(bytes: &[u8], magic: &[u8; 8], file: &str) -> Result<u32> {
+    if bytes.len() < 12 || bytes[0..8] != magic[..] {
+        return Err(Error::corrupt(
+            file,
+            "not a Portcullis file of this kind (bad magic)",
+        ));
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+    if version == 1 {
+        return Ok(1);
+    }
+    let check = bytes
+        .get(12..16)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()));
+    if check != Some(crc32c::crc32c(&bytes[0..12])) {
+        return Err(Error::corrupt(
+            file,
+            "the format version field is damaged (preamble checksum mismatch)",
+        ));
+    }
+    if version > FORMAT_VERSION {
+        return Err(Error::UnsupportedVersion {
+            file: file.to_owned(),
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    if version == 0 {
+        return Err(Error::corrupt(file, "format version 0 does not exist"));
+    }
+    Ok(version)
+}
+
+/// The preamble of a file of this build's version.
+pub fn encode_preamble(magic: &[u8; 8]) -> [u8; PREAMBLE_LEN] {
+    let mut p = [0u8; PREAMBLE_LEN];
+    p[0..8].copy_from_slice(magic);
+    p[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let crc = crc32c::crc32c(&p[0..12]);
+    p[12..16].copy_from_slice(&crc.to_le_bytes());
+    p
+}
 
 /// Where a byte lives: segment number in the high 24 bits, offset in the low 40.
 /// Zero means "nowhere" (segment numbers start at 1).
@@ -74,39 +129,37 @@ pub fn salt_seed(salt: u64) -> u32 {
     crc32c::crc32c(&salt.to_le_bytes())
 }
 
+/// Version 2 segment header: preamble (16) | segment number (4) | salt (8) | crc32c of the
+/// 28 bytes before it (4).
 pub fn encode_segment_header(segment: u32, salt: u64) -> [u8; SEGMENT_HEADER_LEN as usize] {
     let mut h = [0u8; SEGMENT_HEADER_LEN as usize];
-    h[0..8].copy_from_slice(&SEGMENT_MAGIC);
-    h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    h[12..16].copy_from_slice(&segment.to_le_bytes());
-    h[16..24].copy_from_slice(&salt.to_le_bytes());
-    let crc = crc32c::crc32c(&h[0..24]);
-    h[24..28].copy_from_slice(&crc.to_le_bytes());
+    h[0..16].copy_from_slice(&encode_preamble(&SEGMENT_MAGIC));
+    h[16..20].copy_from_slice(&segment.to_le_bytes());
+    h[20..28].copy_from_slice(&salt.to_le_bytes());
+    let crc = crc32c::crc32c(&h[0..28]);
+    h[28..32].copy_from_slice(&crc.to_le_bytes());
     h
 }
 
-/// Decodes a segment header; returns (segment number, salt).
+/// Decodes a segment header; returns (segment number, salt). Magic and version are read
+/// first ([`read_preamble`]); a newer version is refused before anything else is read.
 pub fn decode_segment_header(h: &[u8], file: &str) -> Result<(u32, u64)> {
-    if h.len() < SEGMENT_HEADER_LEN as usize || h[0..8] != SEGMENT_MAGIC {
-        return Err(Error::corrupt(
-            file,
-            "not a Portcullis journal segment (bad magic)",
-        ));
+    let version = read_preamble(h, &SEGMENT_MAGIC, file)?;
+    if h.len() < SEGMENT_HEADER_LEN as usize {
+        return Err(Error::corrupt(file, "segment header is short"));
     }
-    let crc = u32::from_le_bytes(h[24..28].try_into().unwrap());
-    if crc != crc32c::crc32c(&h[0..24]) {
+    // Version 1: magic | version | number (4) | salt (8) | crc of bytes 0..24 (4) | padding.
+    let (number_at, salt_at, crc_at) = if version == 1 {
+        (12, 16, 24)
+    } else {
+        (16, 20, 28)
+    };
+    let crc = u32::from_le_bytes(h[crc_at..crc_at + 4].try_into().unwrap());
+    if crc != crc32c::crc32c(&h[0..crc_at]) {
         return Err(Error::corrupt(file, "segment header checksum mismatch"));
     }
-    let version = u32::from_le_bytes(h[8..12].try_into().unwrap());
-    if version > FORMAT_VERSION {
-        return Err(Error::UnsupportedVersion {
-            file: file.to_owned(),
-            found: version,
-            supported: FORMAT_VERSION,
-        });
-    }
-    let segment = u32::from_le_bytes(h[12..16].try_into().unwrap());
-    let salt = u64::from_le_bytes(h[16..24].try_into().unwrap());
+    let segment = u32::from_le_bytes(h[number_at..number_at + 4].try_into().unwrap());
+    let salt = u64::from_le_bytes(h[salt_at..salt_at + 8].try_into().unwrap());
     Ok((segment, salt))
 }
 

@@ -17,12 +17,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use super::format::{
     self, FRAME_LEN, Frame, Loc, RecordKind, SEGMENT_HEADER_LEN, ValueLoc, loc, loc_offset,
     loc_segment,
 };
+use super::segments::SegmentFiles;
 use super::vfs::{OpenMode, Vfs, VfsFile};
 use crate::error::{Error, Result};
 
@@ -119,9 +120,12 @@ pub struct Journal {
     /// Recent sync duration in nanoseconds (an exponentially weighted average).
     sync_nanos: AtomicU64,
     segments: RwLock<BTreeMap<u32, Segment>>,
-    /// Segments compaction deleted; kept open until the next compaction so a reader that took
-    /// a location just before the deletion can still finish its read.
-    retired: Mutex<Vec<(u32, Segment)>>,
+    /// The bounded table of open segment files every [`Segment`] reads and writes through.
+    files: Arc<SegmentFiles>,
+    /// Held (shared) by a reader from taking a value's location out of an index until its read
+    /// is done; compaction takes it exclusively once, after moving values and before deleting
+    /// segments, so no reader can still hold a location into a deleted segment.
+    readers: RwLock<()>,
     pub counters: JournalCounters,
 }
 
@@ -183,8 +187,18 @@ impl Journal {
         policy: SyncPolicy,
         segment_bytes: u64,
         tail: JournalTail,
+        files: Arc<SegmentFiles>,
     ) -> Self {
         let next_lsn = tail.next_lsn;
+        // Every segment is reached through the table, whatever handle recovery used.
+        let segments = tail
+            .segments
+            .into_iter()
+            .map(|(n, s)| {
+                let file = files.file(n);
+                (n, Segment { file, seed: s.seed })
+            })
+            .collect();
         Journal {
             dir,
             vfs,
@@ -212,8 +226,9 @@ impl Journal {
             gathered: Condvar::new(),
             gathering: AtomicBool::new(false),
             sync_nanos: AtomicU64::new(0),
-            segments: RwLock::new(tail.segments),
-            retired: Mutex::new(Vec::new()),
+            segments: RwLock::new(segments),
+            files,
+            readers: RwLock::new(()),
             counters: JournalCounters::default(),
         }
     }
@@ -424,7 +439,15 @@ impl Journal {
                         self.sync_segment(n)?;
                     }
                     let segment = create_segment(&*self.vfs, &self.dir, number, salt)?;
-                    self.segments.write().insert(number, segment);
+                    self.files.adopt(number, segment.file);
+                    let file = self.files.file(number);
+                    self.segments.write().insert(
+                        number,
+                        Segment {
+                            file,
+                            seed: segment.seed,
+                        },
+                    );
                 }
                 Chunk::Bytes {
                     segment,
@@ -466,20 +489,24 @@ impl Journal {
     }
 
     pub fn segment(&self, number: u32) -> Result<Segment> {
-        if let Some(s) = self.segments.read().get(&number) {
-            return Ok(s.clone());
-        }
-        let retired = self.retired.lock();
-        retired
-            .iter()
-            .find(|(n, _)| *n == number)
-            .map(|(_, s)| s.clone())
-            .ok_or_else(|| {
-                Error::corrupt(
-                    format!("journal segment {number}"),
-                    "the segment file is missing",
-                )
-            })
+        self.segments.read().get(&number).cloned().ok_or_else(|| {
+            Error::corrupt(
+                format!("journal segment {number}"),
+                "the segment file is missing, or its header is damaged",
+            )
+        })
+    }
+
+    /// Pins the segments readers may hold locations into: hold the guard from taking a value's
+    /// location out of an index until the value is read. Never take it twice in one thread.
+    pub fn pin(&self) -> RwLockReadGuard<'_, ()> {
+        self.readers.read()
+    }
+
+    /// Waits until every reader pinned now has finished. Called after every index points away
+    /// from the segments about to be deleted: later readers cannot find locations into them.
+    pub fn wait_for_readers(&self) {
+        drop(self.readers.write());
     }
 
     /// Reads `buf.len()` bytes at a location.
@@ -492,18 +519,31 @@ impl Journal {
     }
 
     /// Reads a value and verifies its checksum.
+    /// Damage answers `Corrupt` naming the segment and the partition, never a retryable `Io`
+    /// (SPEC S4): a value past the end of a truncated segment, in a missing segment or one
+    /// whose header is damaged, or failing its checksum.
     pub fn read_value(&self, v: &ValueLoc, partition: &dyn std::fmt::Display) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; v.len as usize];
-        self.read_at(v.at, &mut buf)?;
-        if crc32c::crc32c(&buf) != v.crc {
-            return Err(Error::corrupt(
+        let damaged = |detail: &str| {
+            Error::corrupt(
                 format!("partition {partition}"),
                 format!(
-                    "value at segment {} offset {} failed its checksum",
+                    "value at journal segment {} offset {}: {detail}",
                     loc_segment(v.at),
                     loc_offset(v.at)
                 ),
-            ));
+            )
+        };
+        let mut buf = vec![0u8; v.len as usize];
+        match self.read_at(v.at, &mut buf) {
+            Ok(()) => {}
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(damaged("the segment ends before it (truncated)"));
+            }
+            Err(Error::Corrupt { detail, .. }) => return Err(damaged(&detail)),
+            Err(e) => return Err(e),
+        }
+        if crc32c::crc32c(&buf) != v.crc {
+            return Err(damaged("failed its checksum"));
         }
         Ok(buf)
     }
@@ -519,7 +559,7 @@ impl Journal {
                 segment
                     .file
                     .read_exact_at(&mut body[got..], loc_offset(at) + (FRAME_LEN + got) as u64)
-                    .map_err(|_| record_damage(at, "record body unreadable"))?;
+                    .map_err(|e| record_read_error(at, e, "the segment ends inside the record"))?;
                 if format::body_crc(&body) != frame.body_crc {
                     return Err(record_damage(at, "record body failed its checksum"));
                 }
@@ -535,7 +575,7 @@ impl Journal {
         let segment = self.segment(loc_segment(at))?;
         let mut buf = vec![0u8; SPECULATIVE_READ];
         let got = read_up_to(&*segment.file, &mut buf, loc_offset(at))
-            .map_err(|_| record_damage(at, "record unreadable"))?;
+            .map_err(|e| record_read_error(at, e, "record unreadable"))?;
         if got < FRAME_LEN {
             return Err(record_damage(at, "record header unreadable"));
         }
@@ -578,16 +618,10 @@ impl Journal {
         self.segments.read().keys().copied().collect()
     }
 
-    /// Moves a deleted segment out of the live set, keeping its handle for late readers.
+    /// Removes a deleted segment from the live set and closes its file.
     pub fn retire_segment(&self, number: u32) {
-        if let Some(s) = self.segments.write().remove(&number) {
-            self.retired.lock().push((number, s));
-        }
-    }
-
-    /// Closes the handles of segments retired by the previous compaction.
-    pub fn drop_retired(&self) {
-        self.retired.lock().clear();
+        self.segments.write().remove(&number);
+        self.files.forget(number);
     }
 
     pub fn failed(&self) -> Option<String> {
@@ -625,6 +659,24 @@ fn record_damage(at: Loc, detail: &str) -> Error {
         ),
         detail.to_owned(),
     )
+}
+
+/// A failed read of a record: a segment that ends too soon is damage (`Corrupt`, never a
+/// retryable `Io`: SPEC S4); any other I/O error stays `Io`, so a transient failure is not
+/// remembered as damage.
+fn record_read_error(at: Loc, e: std::io::Error, detail: &str) -> Error {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        record_damage(at, detail)
+    } else {
+        Error::io(
+            format!(
+                "reading journal segment {} offset {}",
+                loc_segment(at),
+                loc_offset(at)
+            ),
+            e,
+        )
+    }
 }
 
 /// Reads as much of `buf` as the file holds at `offset`; returns how many bytes were read.

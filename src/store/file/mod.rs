@@ -6,13 +6,15 @@
 //! the manifest ([`container`]), compaction ([`compaction`]) and the file layer ([`vfs`]).
 //! See `docs/DESIGN.md` for the format and the reasoning behind it.
 //!
-//! Lock order, outermost first: partition table -> a partition's `commit` -> journal append
-//! mutex -> a partition's `view`. The heads snapshot takes the journal append mutex and then the
+//! Lock order, outermost first: partition table -> a partition's `commit` -> journal reader pin
+//! (`Journal::pin`, shared) -> journal append mutex -> a partition's `view`. A reader takes its
+//! pin after loading and catching up (which take `commit`), never twice. The heads snapshot takes the journal append mutex and then the
 //! partition table for reading; no path holds the table while appending, so the two never meet.
 
 mod chain;
 mod compaction;
 mod container;
+mod damage;
 mod durability;
 mod fault;
 mod format;
@@ -20,6 +22,7 @@ mod journal;
 mod overlay;
 mod partition;
 mod recovery;
+mod segments;
 mod verify;
 mod vfs;
 
@@ -33,6 +36,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
 pub use compaction::CompactionReport;
+pub use damage::{RefusedPartition, StoreDamage};
 #[cfg(feature = "fault-injection")]
 pub use fault::skip::SkipSync;
 pub use fault::{CrashPoint, FailMode, FaultFs};
@@ -62,6 +66,14 @@ const JOURNAL_DIR: &str = "journal";
 struct Manifest {
     /// The newest heads snapshot, if any.
     snapshot: Option<String>,
+    /// What the store refuses (also in the snapshot, so losing one file loses neither).
+    damage: Damage,
+}
+
+/// The manifest as format version 1 wrote it.
+#[derive(Deserialize)]
+struct ManifestV1 {
+    snapshot: Option<String>,
 }
 
 /// Partition heads at a journal position: open loads this and scans only what follows.
@@ -71,6 +83,45 @@ struct HeadsSnapshot {
     offset: u64,
     next_lsn: u64,
     heads: Vec<(Vec<u8>, u64)>,
+    damage: Damage,
+    /// The garbage estimate at that position, so compaction still starts by itself in a
+    /// process that restarts often (a restart used to reset it to zero).
+    garbage_bytes: u64,
+}
+
+/// A heads snapshot as format version 1 wrote it.
+#[derive(Deserialize)]
+struct HeadsSnapshotV1 {
+    segment: u32,
+    offset: u64,
+    next_lsn: u64,
+    heads: Vec<(Vec<u8>, u64)>,
+}
+
+fn decode_manifest(env: &container::Envelope) -> Result<Manifest> {
+    if env.version == 1 {
+        let m: ManifestV1 = env.decode()?;
+        return Ok(Manifest {
+            snapshot: m.snapshot,
+            damage: Damage::default(),
+        });
+    }
+    env.decode()
+}
+
+fn decode_snapshot(env: &container::Envelope) -> Result<HeadsSnapshot> {
+    if env.version == 1 {
+        let s: HeadsSnapshotV1 = env.decode()?;
+        return Ok(HeadsSnapshot {
+            segment: s.segment,
+            offset: s.offset,
+            next_lsn: s.next_lsn,
+            heads: s.heads,
+            damage: Damage::default(),
+            garbage_bytes: 0,
+        });
+    }
+    env.decode()
 }
 
 /// What opening the store read, and how long it took (SPEC S5).
@@ -86,6 +137,8 @@ pub struct OpenReport {
     /// Whether the store had to be rebuilt by scanning the whole journal (the snapshot or the
     /// manifest was missing or unreadable).
     pub rebuilt_by_full_scan: bool,
+    /// Why it was rebuilt: which file was missing or damaged, and how.
+    pub rebuild_reason: Option<String>,
     /// Bytes of journal scanned (only what was written after the snapshot).
     pub journal_bytes_scanned: u64,
     /// Records scanned in that journal.
@@ -94,8 +147,11 @@ pub struct OpenReport {
     pub partitions: u64,
     /// The torn tail that was truncated, if any.
     pub torn_tail: Option<TornTail>,
-    /// Damaged records found (their partitions refuse to load; SPEC S4).
+    /// Damaged records and ranges this open found (SPEC S4).
     pub damaged: Vec<DamagedRecord>,
+    /// Everything the store refuses after open: what this open found plus what earlier opens
+    /// found and no operator has accepted (see [`FileStore::damage`]).
+    pub refused: StoreDamage,
 }
 
 /// Configures and opens a [`FileStore`]. Every setter documents its default.
@@ -120,6 +176,7 @@ pub struct FileStoreBuilder {
     snapshot_every_bytes: u64,
     base_every_records: u32,
     auto_compact: bool,
+    max_open_segments: usize,
     #[cfg(feature = "fault-injection")]
     skip_syncs: std::collections::HashSet<SkipSync>,
     #[cfg(feature = "fault-injection")]
@@ -188,6 +245,14 @@ impl FileStoreBuilder {
         self
     }
 
+    /// Journal segment files kept open at once (default 128, at least 4). Others are opened
+    /// when read and closed again, so a journal of any number of segments needs a bounded
+    /// number of file descriptors.
+    pub fn max_open_segments(mut self, files: usize) -> Self {
+        self.max_open_segments = files.max(4);
+        self
+    }
+
     /// Test only (feature `fault-injection`): skips one kind of sync, so a crash test can show
     /// it would catch the sync's absence. Never use this outside a negative control.
     #[cfg(feature = "fault-injection")]
@@ -244,13 +309,19 @@ struct SnapshotState {
     /// The journal's appended-bytes counter at which the snapshot on disk was current, if it
     /// is: a close after a session that only read then writes nothing.
     current_at: Option<u64>,
+    /// The damage the snapshot on disk records.
+    damage_on_disk: Damage,
 }
 
 struct Inner {
     config: FileStoreBuilder,
     journal: Arc<Journal>,
     table: RwLock<Table>,
-    damage: Damage,
+    /// What the store refuses (SPEC S4); persisted with every snapshot. A leaf lock: nothing
+    /// else is taken while it is held.
+    damage: Mutex<Damage>,
+    /// Whether unattributed damage stands, so partitions the store does not know are refused.
+    refuses_unknown: AtomicBool,
     closed: AtomicBool,
     lock: Mutex<Option<Box<dyn VfsLock>>>,
     report: OpenReport,
@@ -265,6 +336,7 @@ struct Inner {
     compactions: AtomicU64,
     /// Estimated bytes of journal no longer reachable from any index.
     garbage_bytes: AtomicU64,
+    background: compaction::Background,
     /// Dropping the sender stops the periodic sync thread.
     syncer: Mutex<Option<crossbeam::channel::Sender<()>>>,
 }
@@ -315,6 +387,7 @@ impl FileStore {
             snapshot_every_bytes: 32 << 20,
             base_every_records: 64,
             auto_compact: true,
+            max_open_segments: 128,
             #[cfg(feature = "fault-injection")]
             skip_syncs: Default::default(),
             #[cfg(feature = "fault-injection")]
@@ -357,44 +430,73 @@ impl FileStore {
             durability::create_dir_durably(&*vfs, &journal_dir)?;
         }
 
-        let manifest =
-            container::read::<Manifest>(&*vfs, &dir, MANIFEST, MANIFEST_MAGIC)?.map(|(m, _)| m);
-        let segments = recovery::open_segments(&*vfs, &journal_dir)?;
         let mut report = OpenReport::default();
-        let created = manifest.is_none() && segments.is_empty();
+        let mut damage = Damage::default();
+        let rebuild = |report: &mut OpenReport, why: String| {
+            log::warn!("{why}; rebuilding by a full scan");
+            report.rebuilt_by_full_scan = true;
+            report.rebuild_reason.get_or_insert(why);
+        };
+        let manifest = match container::read(&*vfs, &dir, MANIFEST, MANIFEST_MAGIC)
+            .and_then(|m| m.map(|env| decode_manifest(&env)).transpose())
+        {
+            Ok(m) => m,
+            Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
+            Err(e) => {
+                // Keep the damaged file as evidence; a fresh manifest is written after the
+                // rebuild. The damage it recorded is also in the newest snapshot.
+                let aside = dir.join(format!("{MANIFEST}.damaged"));
+                if let Err(e) = vfs.rename(&dir.join(MANIFEST), &aside) {
+                    log::warn!("could not move the damaged manifest aside: {e}");
+                }
+                rebuild(&mut report, format!("the manifest is unusable ({e})"));
+                damage.merge(damage::from_newest_snapshot(&*vfs, &dir));
+                None
+            }
+        };
+        let files =
+            segments::SegmentFiles::new(journal_dir.clone(), vfs.clone(), config.max_open_segments);
+        // Each segment's header is read with a handle closed at once; later reads go through
+        // the bounded table, so no number of segments exhausts the file descriptors.
+        let segments =
+            recovery::open_segments_with(&*vfs, &journal_dir, |number, _| files.file(number))?;
+        let created = manifest.is_none() && segments.is_empty() && !report.rebuilt_by_full_scan;
         report.created = created;
 
         let mut snapshot_name = None;
         let mut start = None;
         let mut heads = HashMap::new();
+        // Garbage made after the snapshot (at most `snapshot_every_bytes` of journal, unless the
+        // process crashed) and before a full-scan rebuild is not counted.
+        let mut garbage = 0;
+        if let Some(m) = &manifest {
+            damage.merge(m.damage.clone());
+        }
         match manifest.as_ref().and_then(|m| m.snapshot.clone()) {
-            Some(name) => {
-                match container::read::<HeadsSnapshot>(&*vfs, &dir, &name, SNAPSHOT_MAGIC) {
-                    Ok(Some((snap, bytes))) => {
-                        report.snapshot_bytes = bytes;
-                        start = Some((snap.segment, snap.offset, snap.next_lsn));
-                        heads = snap
-                            .heads
-                            .into_iter()
-                            .map(|(k, v)| (k.into_boxed_slice(), v))
-                            .collect();
-                        snapshot_name = Some(name);
-                    }
-                    Ok(None) => {
-                        log::warn!("heads snapshot {name} is missing; rebuilding by a full scan");
-                        report.rebuilt_by_full_scan = true;
-                    }
-                    Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
-                    Err(e) => {
-                        log::warn!("heads snapshot unusable ({e}); rebuilding by a full scan");
-                        report.rebuilt_by_full_scan = true;
-                    }
+            Some(name) => match container::read(&*vfs, &dir, &name, SNAPSHOT_MAGIC).and_then(|s| {
+                s.map(|env| Ok((decode_snapshot(&env)?, env.len)))
+                    .transpose()
+            }) {
+                Ok(Some((snap, bytes))) => {
+                    report.snapshot_bytes = bytes;
+                    start = Some((snap.segment, snap.offset, snap.next_lsn));
+                    garbage = snap.garbage_bytes;
+                    heads = snap
+                        .heads
+                        .into_iter()
+                        .map(|(k, v)| (k.into_boxed_slice(), v))
+                        .collect();
+                    damage.merge(snap.damage);
+                    snapshot_name = Some(name);
                 }
-            }
-            None if !segments.is_empty() => {
-                log::warn!("no manifest or snapshot beside the journal; rebuilding by a full scan");
-                report.rebuilt_by_full_scan = true;
-            }
+                Ok(None) => rebuild(&mut report, format!("heads snapshot {name} is missing")),
+                Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
+                Err(e) => rebuild(&mut report, format!("heads snapshot unusable ({e})")),
+            },
+            None if !segments.is_empty() && !report.rebuilt_by_full_scan => rebuild(
+                &mut report,
+                "no manifest or snapshot beside the journal".to_owned(),
+            ),
             None => {}
         }
 
@@ -405,19 +507,29 @@ impl FileStore {
             start.map(|(s, o, _)| (s, o)),
             start.map(|(_, _, l)| l),
             heads,
+            &damage,
         )?;
+        #[cfg(feature = "fault-injection")]
+        let skip_tail = config.skip_syncs.contains(&SkipSync::ScannedTail);
+        #[cfg(not(feature = "fault-injection"))]
+        let skip_tail = false;
         durability::sync_what_open_found(
             &*vfs,
             &dir,
             &journal_dir,
             &outcome.tail,
-            start.map(|s| s.0),
+            start.map(|(s, o, _)| (s, o)),
+            skip_tail,
         )?;
         report.journal_bytes_scanned = outcome.bytes_scanned;
         report.records_scanned = outcome.records_scanned;
         report.torn_tail = outcome.torn_tail.clone();
-        report.damaged = outcome.damage.records.clone();
+        report.damaged = outcome.records.clone();
         report.partitions = outcome.heads.len() as u64;
+        let found_damage = !outcome.damage.is_empty();
+        let persisted = damage.clone();
+        damage.merge(outcome.damage);
+        report.refused = damage::describe(&damage);
 
         let journal = Arc::new(Journal::new(
             journal_dir,
@@ -425,6 +537,7 @@ impl FileStore {
             config.sync_policy,
             config.segment_bytes,
             outcome.tail,
+            files,
         ));
         let table = Table {
             untouched: outcome.heads,
@@ -436,7 +549,8 @@ impl FileStore {
             }
             _ => None,
         };
-        let needs_snapshot = report.rebuilt_by_full_scan || manifest.is_none();
+        // New damage is persisted at once: the next open may not scan where it was found.
+        let needs_snapshot = report.rebuilt_by_full_scan || manifest.is_none() || found_damage;
         // The snapshot on disk describes the journal exactly when open found nothing after it.
         let snapshot_current = snapshot_name.is_some()
             && report.journal_bytes_scanned == 0
@@ -446,7 +560,8 @@ impl FileStore {
             config,
             journal,
             table: RwLock::new(table),
-            damage: outcome.damage,
+            refuses_unknown: AtomicBool::new(!damage.unattributed.is_empty()),
+            damage: Mutex::new(damage),
             closed: AtomicBool::new(false),
             lock: Mutex::new(Some(lock)),
             report: OpenReport::default(),
@@ -454,6 +569,7 @@ impl FileStore {
                 newest: snapshot_name,
                 finished: false,
                 current_at: snapshot_current.then_some(0),
+                damage_on_disk: persisted,
             }),
             snapshot_running: AtomicBool::new(false),
             bytes_at_last_snapshot: AtomicU64::new(0),
@@ -462,7 +578,8 @@ impl FileStore {
             batches: AtomicU64::new(0),
             loaded: AtomicU64::new(0),
             compactions: AtomicU64::new(0),
-            garbage_bytes: AtomicU64::new(0),
+            garbage_bytes: AtomicU64::new(garbage),
+            background: compaction::Background::default(),
             syncer: Mutex::new(syncer),
         });
         if needs_snapshot {
@@ -513,6 +630,18 @@ impl FileStore {
     pub fn compact(&self) -> Result<CompactionReport> {
         self.inner.check_open()?;
         compaction::compact(&self.inner)
+    }
+
+    /// Test hook: compactions started by themselves (garbage outweighing live data) since open.
+    #[cfg(feature = "test-hooks")]
+    pub fn background_compactions(&self) -> u64 {
+        self.inner.background.started()
+    }
+
+    /// Test hook: waits until every compaction started by itself so far has finished.
+    #[cfg(feature = "test-hooks")]
+    pub fn wait_for_background_compactions(&self) {
+        self.inner.background.wait_idle()
     }
 }
 
@@ -603,8 +732,7 @@ impl Inner {
             Load::Corrupt(detail) => return Err(state.corrupt_error(detail)),
             Load::NotLoaded => {}
         }
-        if self.damage.partition_hashes.contains(&state.hash) {
-            let detail = "a damaged record of this partition was found at open".to_owned();
+        if let Some(detail) = self.refusal(state.hash) {
             log::warn!("partition {} refused: {detail}", state.name);
             commit.load = Load::Corrupt(detail.clone());
             return Err(state.corrupt_error(&detail));
@@ -628,6 +756,10 @@ impl Inner {
             Err(Error::Corrupt { what, detail }) => {
                 log::warn!("partition {} refused: {what}: {detail}", state.name);
                 let detail = format!("{what}: {detail}");
+                // Remembered across snapshots and reopens until an operator accepts it.
+                self.damage
+                    .lock()
+                    .refuse(state.hash, Some(state.name.as_bytes()), detail.clone());
                 commit.load = Load::Corrupt(detail.clone());
                 Err(state.corrupt_error(&detail))
             }
@@ -639,6 +771,7 @@ impl Inner {
     /// and visible (see [`Inner::catch_up`]). `None` if it has never been written.
     fn readable(&self, p: &Partition) -> Result<Option<Arc<PartState>>> {
         let Some(state) = self.part(p, false) else {
+            self.check_absent(p)?;
             return Ok(None);
         };
         self.ensure_loaded(&state)?;
@@ -654,6 +787,7 @@ impl Inner {
         commit: &CommitState,
         key: &[u8],
     ) -> Result<Option<Vec<u8>>> {
+        let _pin = self.journal.pin();
         self.latest_value_in(state, commit, &state.view.read(), key)
     }
 
@@ -742,18 +876,21 @@ impl Inner {
 
     fn write_snapshot_locked(&self, state: &mut SnapshotState) -> Result<()> {
         let bytes_before = self.journal.counters.bytes_appended.load(Ordering::Relaxed);
-        if state.current_at == Some(bytes_before) {
+        let damage = self.damage.lock().clone();
+        if state.current_at == Some(bytes_before) && damage == state.damage_on_disk {
             // Nothing was appended since the snapshot on disk: it is still exact.
             return Ok(());
         }
-        let (segment, offset, next_lsn, heads) = self.journal.with_appends_paused(|| {
-            let table = self.table.read();
-            table
-                .heads()
-                .filter(|&(_, head)| head != 0)
-                .map(|(name, head)| (name.to_vec(), head))
-                .collect::<Vec<_>>()
-        });
+        let (segment, offset, next_lsn, (heads, garbage_bytes)) =
+            self.journal.with_appends_paused(|| {
+                let table = self.table.read();
+                let heads = table
+                    .heads()
+                    .filter(|&(_, head)| head != 0)
+                    .map(|(name, head)| (name.to_vec(), head))
+                    .collect::<Vec<_>>();
+                (heads, self.garbage_bytes.load(Ordering::Relaxed))
+            });
         // Every head must point at a durable record before the snapshot names it.
         self.journal.sync_all()?;
         let snapshot = HeadsSnapshot {
@@ -761,6 +898,8 @@ impl Inner {
             offset,
             next_lsn,
             heads,
+            damage: damage.clone(),
+            garbage_bytes,
         };
         let name = format!("heads-{next_lsn:020}.snap");
         let vfs = &*self.config.vfs;
@@ -773,6 +912,7 @@ impl Inner {
             MANIFEST_MAGIC,
             &Manifest {
                 snapshot: Some(name.clone()),
+                damage: damage.clone(),
             },
         )?;
         if let Some(old) = state.newest.replace(name.clone())
@@ -786,6 +926,7 @@ impl Inner {
         self.bytes_at_last_snapshot
             .store(bytes_before, Ordering::Relaxed);
         state.current_at = Some(bytes_before);
+        state.damage_on_disk = damage;
         log::debug!(
             "wrote heads snapshot {name} ({} partitions)",
             snapshot.heads.len()
@@ -856,6 +997,8 @@ impl Store for FileStore {
         let Some(state) = inner.readable(p)? else {
             return Ok(None);
         };
+        // Pinned from taking the location until the value is read (see `Journal::pin`).
+        let _pin = inner.journal.pin();
         let found = state.view.read().index.get(key).copied();
         found.map(|v| inner.read_value(&state, &v)).transpose()
     }
@@ -865,6 +1008,7 @@ impl Store for FileStore {
         inner.check_open()?;
         check_key(key)?;
         let Some(state) = inner.part(p, false) else {
+            inner.check_absent(p)?;
             return Ok(None);
         };
         let mut commit = state.commit.lock();
@@ -884,6 +1028,7 @@ impl Store for FileStore {
         };
         // Locations are taken under one lock, so the answers are one consistent view; values
         // at a location never change.
+        let _pin = inner.journal.pin();
         let locs: Vec<Option<ValueLoc>> = {
             let view = state.view.read();
             keys.iter().map(|k| view.index.get(*k).copied()).collect()
@@ -913,6 +1058,7 @@ impl Store for FileStore {
         if range.is_empty() {
             return Ok(ScanPage::default());
         }
+        let _pin = inner.journal.pin();
         let (found, more) = {
             let view = state.view.read();
             let mut iter = view.index.range::<[u8], _>(range.as_bounds());
@@ -953,12 +1099,16 @@ impl Store for FileStore {
         if let Some(reason) = inner.journal.failed() {
             return Err(Error::SyncFailed(reason));
         }
+        if inner.refuses_unknown.load(Ordering::Acquire) && inner.part(p, false).is_none() {
+            inner.check_absent(p)?;
+        }
         let state = inner.part(p, true).expect("created on demand");
         let mut intent = inner.journal.announce();
         let lsn = {
             let mut commit = state.commit.lock();
             inner.load_locked(&state, &mut commit)?;
             let refused = {
+                let _pin = inner.journal.pin();
                 let view = state.view.read();
                 check_guards(
                     batch.guards(),
@@ -1080,6 +1230,7 @@ impl Store for FileStore {
             partitions_loaded: inner.loaded.load(Ordering::Relaxed),
             segments: inner.journal.live_segments().len() as u64,
             compactions: inner.compactions.load(Ordering::Relaxed),
+            garbage_bytes: inner.garbage_bytes.load(Ordering::Relaxed),
         }
     }
 

@@ -6,24 +6,36 @@
 //! - a bad record in the last segment with nothing valid after it, or with only records framed
 //!   before it was known durable, is a torn tail: it and everything after it were never
 //!   acknowledged; they are truncated and logged;
-//! - a bad record anywhere else (in a sealed segment, which is synced before the next one is
-//!   started, or followed by a record that was framed after it became durable) is damage: the
-//!   partition it belongs to is reported corrupt and fails its loads, the scan continues, and
-//!   every other partition keeps working.
+//! - anything else that breaks the journal after the snapshot (a bad record in a sealed
+//!   segment, a segment whose header is damaged, a missing segment, a gap in sequence numbers)
+//!   is a *damaged range*. Compaction never deletes a segment at or after the snapshot's
+//!   position (it writes a snapshot past its victims before deleting them), so every gap there
+//!   is a loss. A range that provably held exactly one record of a known partition refuses that
+//!   partition. Any other range is unattributed: every partition that may have had a record in
+//!   it is refused (it has no later record whose chain link or base proves otherwise), and so
+//!   is every partition the store does not know, until an operator accepts the damage. Nothing
+//!   is ever rolled back silently.
+//!
+//! What recovery finds is returned as a [`Damage`], which the store persists with every heads
+//! snapshot and manifest so that a refusal survives close and reopen.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
+pub use super::damage::Damage;
+use super::damage::{Ranges, at_str, shown};
 use super::format::{
-    self, FRAME_LEN, Loc, SEGMENT_HEADER_LEN, decode_body_head, decode_frame, loc, partition_hash,
+    self, FRAME_LEN, Loc, SEGMENT_HEADER_LEN, decode_body_head, decode_frame, loc, loc_offset,
+    loc_segment, partition_hash,
 };
 use super::journal::{JournalTail, Segment, create_segment, new_salt, parse_segment_file_name};
 use super::vfs::{OpenMode, Vfs, VfsFile};
 use crate::error::{Error, Result};
 
-/// A damaged record found at open.
+/// A damaged record or range found at open.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DamagedRecord {
     /// Segment number.
     pub segment: u32,
@@ -31,6 +43,8 @@ pub struct DamagedRecord {
     pub offset: u64,
     /// The partition it belongs to, when that could be established.
     pub partition: Option<String>,
+    /// What was found.
+    pub detail: String,
 }
 
 /// A torn tail truncated at open.
@@ -44,25 +58,52 @@ pub struct TornTail {
     pub bytes_dropped: u64,
 }
 
-/// Damage recovery found, for loads to consult.
-#[derive(Debug, Default)]
-pub struct Damage {
-    pub partition_hashes: HashSet<u64>,
-    pub records: Vec<DamagedRecord>,
+/// A segment whose header could not be read: kept on disk as evidence, never read from.
+pub struct DamagedSegment {
+    pub reason: String,
+}
+
+/// The journal's segment files as open found them.
+pub struct Segments {
+    pub live: BTreeMap<u32, Segment>,
+    pub damaged: BTreeMap<u32, DamagedSegment>,
+}
+
+impl Segments {
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty() && self.damaged.is_empty()
+    }
 }
 
 pub struct ScanOutcome {
     pub tail: JournalTail,
     pub heads: HashMap<Box<[u8]>, Loc>,
+    /// Damage found by this scan.
     pub damage: Damage,
+    pub records: Vec<DamagedRecord>,
     pub torn_tail: Option<TornTail>,
     pub bytes_scanned: u64,
     pub records_scanned: u64,
 }
 
-/// Opens every segment in `journal_dir` and checks its header.
-pub fn open_segments(vfs: &dyn Vfs, journal_dir: &Path) -> Result<BTreeMap<u32, Segment>> {
-    let mut segments = BTreeMap::new();
+/// Opens every segment in `journal_dir` and checks its header. A header that cannot be read
+/// is damage: the file is kept and listed, and open goes on (SPEC S4). Only the newest
+/// segment, when nothing after its header could be a record (a creation cut short), is
+/// removed. A newer format version is refused (SPEC S10).
+pub fn open_segments(vfs: &dyn Vfs, journal_dir: &Path) -> Result<Segments> {
+    open_segments_with(vfs, journal_dir, |_, file| file)
+}
+
+/// [`open_segments`], keeping for each live segment the file `keep` makes of the handle that
+/// read its header (the store keeps a handle from its bounded table instead, and closes this
+/// one, so open needs a bounded number of file descriptors).
+pub fn open_segments_with(
+    vfs: &dyn Vfs,
+    journal_dir: &Path,
+    keep: impl Fn(u32, Arc<dyn VfsFile>) -> Arc<dyn VfsFile>,
+) -> Result<Segments> {
+    let mut live = BTreeMap::new();
+    let mut damaged = BTreeMap::new();
     let names = vfs
         .list(journal_dir)
         .map_err(|e| Error::io(format!("listing {}", journal_dir.display()), e))?;
@@ -73,86 +114,92 @@ pub fn open_segments(vfs: &dyn Vfs, journal_dir: &Path) -> Result<BTreeMap<u32, 
     let last = numbers.iter().copied().max();
     for number in numbers {
         let path = journal_dir.join(super::journal::segment_file_name(number));
+        let shown = path.display().to_string();
         let file = vfs
             .open(&path, OpenMode::ReadWrite)
-            .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-        let mut header = [0u8; SEGMENT_HEADER_LEN as usize];
-        let read = file.read_exact_at(&mut header, 0);
-        let decoded = match read {
-            Ok(()) => format::decode_segment_header(&header, &path.display().to_string()),
-            Err(_) => Err(Error::corrupt(
-                path.display().to_string(),
-                "segment header is short",
+            .map_err(|e| Error::io(format!("opening {shown}"), e))?;
+        let len = file
+            .len()
+            .map_err(|e| Error::io(format!("sizing {shown}"), e))?;
+        let mut header = vec![0u8; len.min(SEGMENT_HEADER_LEN) as usize];
+        file.read_exact_at(&mut header, 0)
+            .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+        let decoded = match format::decode_segment_header(&header, &shown) {
+            Ok((n, _)) if n != number => Err(Error::corrupt(
+                shown.clone(),
+                format!("the header names segment {n}"),
             )),
+            other => other,
         };
-        match decoded {
-            Ok((n, salt)) if n == number => {
-                segments.insert(
+        let reason = match decoded {
+            Ok((_, salt)) => {
+                let seed = format::salt_seed(salt);
+                live.insert(
                     number,
                     Segment {
-                        file,
-                        seed: format::salt_seed(salt),
+                        file: keep(number, file),
+                        seed,
                     },
                 );
-            }
-            Ok(_) => {
-                return Err(Error::corrupt(
-                    path.display().to_string(),
-                    "segment header names another segment",
-                ));
+                continue;
             }
             // A newer format is refused whatever else is wrong (SPEC S10).
             Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
-            // The newest segment's header is written and synced before any record goes into
-            // it, so a bad header there is a segment creation cut short: it holds nothing.
-            Err(e) if Some(number) == last => {
-                log::warn!("removing a journal segment whose creation was cut short: {e}");
-                drop(file);
-                vfs.remove(&path)
-                    .map_err(|e| Error::io(format!("removing {}", path.display()), e))?;
-                vfs.sync_dir(journal_dir)
-                    .map_err(|e| Error::io(format!("syncing {}", journal_dir.display()), e))?;
-            }
-            Err(e) => return Err(e),
+            Err(e) => e.to_string(),
+        };
+        // The newest segment's header is written and synced before any record goes into it:
+        // if nothing after the header could be a record, its creation was cut short.
+        if Some(number) == last && holds_nothing(&*file, len)? {
+            log::warn!("removing journal segment {number}, whose creation was cut short: {reason}");
+            drop(file);
+            vfs.remove(&path)
+                .map_err(|e| Error::io(format!("removing {shown}"), e))?;
+            vfs.sync_dir(journal_dir)
+                .map_err(|e| Error::io(format!("syncing {}", journal_dir.display()), e))?;
+            continue;
         }
+        log::error!(
+            "journal segment {number} has a damaged header ({reason}); it is kept, and what it may hold is refused"
+        );
+        damaged.insert(number, DamagedSegment { reason });
     }
-    Ok(segments)
+    Ok(Segments { live, damaged })
+}
+
+/// Whether nothing after a segment header could be a record: no bytes, or only zeros (an
+/// all-zero frame is invalid).
+fn holds_nothing(file: &dyn VfsFile, len: u64) -> Result<bool> {
+    if len <= SEGMENT_HEADER_LEN {
+        return Ok(true);
+    }
+    let mut at = SEGMENT_HEADER_LEN;
+    let mut buf = vec![0u8; 1 << 16];
+    while at < len {
+        let n = ((len - at) as usize).min(buf.len());
+        file.read_exact_at(&mut buf[..n], at)
+            .map_err(|e| Error::io("reading a journal segment", e))?;
+        if buf[..n].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+    Ok(true)
 }
 
 enum Probe {
-    /// A valid record: its frame, partition name and total length.
-    Valid(format::Frame, Vec<u8>, u64),
+    /// A valid record: its frame, partition name, previous-record location and total length.
+    Valid(format::Frame, Vec<u8>, Loc, u64),
     /// A bad record (header or body).
     Bad,
 }
 
-/// How the LSN of the next record must relate to the one expected.
-#[derive(Clone, Copy)]
-enum LsnRule {
-    /// Any LSN (nothing is known yet).
-    Any,
-    /// Exactly this one (within a segment, LSNs are consecutive).
-    Exactly(u64),
-    /// At least this one (at a segment's start: compaction may have deleted the segments
-    /// between, taking their LSNs with them).
-    AtLeast(u64),
-}
-
-fn probe(bytes: &[u8], at: usize, seed: u32, rule: LsnRule) -> Probe {
+fn probe(bytes: &[u8], at: usize, seed: u32) -> Probe {
     let Some(frame) = bytes
         .get(at..at + FRAME_LEN)
         .and_then(|h| decode_frame(seed, h))
     else {
         return Probe::Bad;
     };
-    let lsn_ok = match rule {
-        LsnRule::Any => true,
-        LsnRule::Exactly(lsn) => frame.lsn == lsn,
-        LsnRule::AtLeast(lsn) => frame.lsn >= lsn,
-    };
-    if !lsn_ok {
-        return Probe::Bad;
-    }
     let body_start = at + FRAME_LEN;
     let Some(body) = bytes.get(body_start..body_start + frame.body_len as usize) else {
         return Probe::Bad;
@@ -161,8 +208,8 @@ fn probe(bytes: &[u8], at: usize, seed: u32, rule: LsnRule) -> Probe {
         return Probe::Bad;
     }
     match decode_body_head(body) {
-        Some((name, _)) if partition_hash(name) == frame.partition_hash => {
-            Probe::Valid(frame, name.to_vec(), (FRAME_LEN + body.len()) as u64)
+        Some((name, prev)) if partition_hash(name) == frame.partition_hash => {
+            Probe::Valid(frame, name.to_vec(), prev, (FRAME_LEN + body.len()) as u64)
         }
         _ => Probe::Bad,
     }
@@ -180,7 +227,7 @@ fn find_valid(
         // Cheap filter before the checksum: the LSN field must be plausible.
         let lsn = u64::from_le_bytes(bytes[at + 9..at + 17].try_into().unwrap());
         if after_lsn.is_none_or(|after| lsn > after && lsn - after < (1 << 32))
-            && let Probe::Valid(frame, _, _) = probe(bytes, at, seed, LsnRule::Any)
+            && let Probe::Valid(frame, ..) = probe(bytes, at, seed)
         {
             return Some((at, frame));
         }
@@ -189,30 +236,41 @@ fn find_valid(
     None
 }
 
-/// Names the partition of a damaged record when the evidence agrees: a header that still
-/// validates, or a body whose name hashes to the hash in the (unverified) header.
-fn attribute(bytes: &[u8], at: usize, seed: u32) -> (Option<u64>, Option<String>) {
-    let name_of = |b: &[u8]| decode_body_head(b).map(|(n, _)| n.to_vec());
+/// Who a damaged record belonged to, when the evidence agrees: a header that still validates,
+/// or a body whose name hashes to the hash in the (unverified) header.
+struct Candidate {
+    hash: u64,
+    name: Option<Vec<u8>>,
+    /// Where the record claims to end (relative to the bytes it was found in).
+    end: usize,
+}
+
+fn attribute(bytes: &[u8], at: usize, seed: u32) -> Option<Candidate> {
     let body = bytes.get(at + FRAME_LEN..).unwrap_or(&[]);
+    let name_of = |hash: u64| {
+        decode_body_head(body)
+            .map(|(n, _)| n.to_vec())
+            .filter(|n| partition_hash(n) == hash)
+    };
     if let Some(frame) = bytes
         .get(at..at + FRAME_LEN)
         .and_then(|h| decode_frame(seed, h))
     {
-        let name = name_of(body).filter(|n| partition_hash(n) == frame.partition_hash);
-        return (
-            Some(frame.partition_hash),
-            name.map(|n| n.escape_ascii().to_string()),
-        );
+        return Some(Candidate {
+            hash: frame.partition_hash,
+            name: name_of(frame.partition_hash),
+            end: at + FRAME_LEN + frame.body_len as usize,
+        });
     }
-    let claimed = bytes
-        .get(at + 17..at + 25)
-        .map(|h| u64::from_le_bytes(h.try_into().unwrap()));
-    match (name_of(body), claimed) {
-        (Some(name), Some(hash)) if partition_hash(&name) == hash => {
-            (Some(hash), Some(name.escape_ascii().to_string()))
-        }
-        _ => (None, None),
-    }
+    let field = |from: usize, to: usize| bytes.get(at + from..at + to);
+    let claimed = u64::from_le_bytes(field(17, 25)?.try_into().unwrap());
+    let body_len = u32::from_le_bytes(field(4, 8)?.try_into().unwrap()) as usize;
+    let name = name_of(claimed)?;
+    Some(Candidate {
+        hash: claimed,
+        name: Some(name),
+        end: at + FRAME_LEN + body_len,
+    })
 }
 
 /// Reads a segment from `from` to its end: open reads only the journal after the snapshot.
@@ -231,37 +289,104 @@ fn read_from(file: &Arc<dyn VfsFile>, number: u32, from: u64) -> Result<Vec<u8>>
 pub fn scan(
     vfs: &dyn Vfs,
     journal_dir: &Path,
-    mut segments: BTreeMap<u32, Segment>,
+    segments: Segments,
     start: Option<(u32, u64)>,
     start_lsn: Option<u64>,
     mut heads: HashMap<Box<[u8]>, Loc>,
+    known: &Damage,
 ) -> Result<ScanOutcome> {
-    let mut damage = Damage::default();
+    let Segments {
+        live: mut segments,
+        damaged,
+    } = segments;
+    let mut ranges = Ranges::default();
+    let mut records = Vec::new();
     let mut torn_tail = None;
     let mut expected = start_lsn;
     let mut bytes_scanned = 0u64;
     let mut records_scanned = 0u64;
-    let numbers: Vec<u32> = segments.keys().copied().collect();
-    let last = numbers.last().copied();
-    let (start_segment, start_offset) =
-        start.unwrap_or((numbers.first().copied().unwrap_or(1), SEGMENT_HEADER_LEN));
+    let mut numbers: Vec<u32> = segments.keys().chain(damaged.keys()).copied().collect();
+    numbers.sort_unstable();
+    let last_live = segments.keys().next_back().copied();
+    let first = numbers.first().copied().unwrap_or(1);
+    let (start_segment, start_offset) = start.unwrap_or((first, SEGMENT_HEADER_LEN));
     let mut end_of_tail = SEGMENT_HEADER_LEN;
-
-    if start.is_some() && !segments.contains_key(&start_segment) {
-        return Err(Error::corrupt(
-            format!("journal segment {start_segment}"),
-            "the heads snapshot points into a segment that is missing",
-        ));
-    }
+    // Where the last valid record ended: a damaged range starts there.
+    let mut last_end = loc(start_segment, start_offset);
+    let mut previous = start_segment.saturating_sub(1);
+    let lens: HashMap<u32, u64> = segments
+        .iter()
+        .map(|(&n, s)| (n, s.file.len().unwrap_or(0)))
+        .collect();
+    // A record ending at `end` ends exactly where `to` begins, or at the end of the journal.
+    let ends_at = |end: Loc, to: Option<Loc>| {
+        let seg = loc_segment(end);
+        let at_file_end = lens.get(&seg) == Some(&loc_offset(end));
+        match to {
+            Some(to) => end == to || (at_file_end && to == loc(seg + 1, SEGMENT_HEADER_LEN)),
+            None => at_file_end && numbers.last() == Some(&seg),
+        }
+    };
 
     let mut i = 0;
     'segments: while i < numbers.len() {
         let number = numbers[i];
         i += 1;
         if number < start_segment {
+            // Snapshotted history: loads and reads that need this segment refuse; nothing
+            // else does.
+            if let Some(d) = damaged.get(&number) {
+                records.push(DamagedRecord {
+                    segment: number,
+                    offset: 0,
+                    partition: None,
+                    detail: format!("segment {number} has a damaged header: {}", d.reason),
+                });
+            }
+            continue;
+        }
+        // After segments compaction deleted, LSNs may skip: the deleted ones took theirs.
+        let mut lsn_may_skip = false;
+        if number > previous + 1 && known.all_retired(previous + 1, number - 1) {
+            lsn_may_skip = true;
+        } else if number > previous + 1 {
+            let cause = if previous + 1 == number - 1 {
+                format!("segment {} is missing", previous + 1)
+            } else {
+                format!("segments {} to {} are missing", previous + 1, number - 1)
+            };
+            log::error!("journal: {cause}");
+            records.push(DamagedRecord {
+                segment: previous + 1,
+                offset: 0,
+                partition: None,
+                detail: cause.clone(),
+            });
+            ranges.open(last_end, expected, cause);
+        }
+        previous = number;
+        if let Some(d) = damaged.get(&number) {
+            let cause = format!("segment {number} has a damaged header: {}", d.reason);
+            records.push(DamagedRecord {
+                segment: number,
+                offset: 0,
+                partition: None,
+                detail: cause.clone(),
+            });
+            ranges.open(last_end, expected, cause);
             continue;
         }
         let segment = segments[&number].clone();
+        if ranges.open.is_none() {
+            last_end = loc(
+                number,
+                if number == start_segment {
+                    start_offset
+                } else {
+                    SEGMENT_HEADER_LEN
+                },
+            );
+        }
         // `bytes` starts at `base`; positions below are relative to it.
         let base = if number == start_segment {
             start_offset
@@ -269,93 +394,167 @@ pub fn scan(
             SEGMENT_HEADER_LEN
         };
         let bytes = read_from(&segment.file, number, base)?;
+        if number == start_segment && lens.get(&number).is_some_and(|&l| l < start_offset) {
+            let cause = format!(
+                "segment {number} is shorter than the heads snapshot's position {start_offset}"
+            );
+            log::error!("journal: {cause}");
+            records.push(DamagedRecord {
+                segment: number,
+                offset: start_offset,
+                partition: None,
+                detail: cause,
+            });
+        }
         let mut at = 0usize;
-        let is_last = Some(number) == last;
+        // Every segment but the newest was synced before the next one was created.
+        let is_last = Some(number) == numbers.last().copied();
         while at < bytes.len() {
-            let at_segment_start = at == 0 && base == SEGMENT_HEADER_LEN;
-            let rule = match expected {
-                None => LsnRule::Any,
-                Some(lsn) if at_segment_start => LsnRule::AtLeast(lsn),
-                Some(lsn) => LsnRule::Exactly(lsn),
+            let here = loc(number, base + at as u64);
+            let valid = match probe(&bytes, at, segment.seed) {
+                Probe::Valid(frame, name, prev, len)
+                    if expected.is_none_or(|e| frame.lsn >= e && frame.lsn - e < (1 << 32)) =>
+                {
+                    Some((frame, name, prev, len))
+                }
+                _ => None,
             };
-            match probe(&bytes, at, segment.seed, rule) {
-                Probe::Valid(frame, name, len) => {
-                    heads.insert(name.into_boxed_slice(), loc(number, base + at as u64));
-                    expected = Some(frame.lsn + 1);
-                    at += len as usize;
-                    bytes_scanned += len;
-                    records_scanned += 1;
-                }
-                Probe::Bad => {
-                    let after = expected.map(|e| e.saturating_sub(1));
-                    let next = find_valid(&bytes, at + 1, segment.seed, after);
-                    // In the last segment, damage is a torn write unless a later record was
-                    // framed after the damaged one had become durable.
-                    let durable_damage = match (&next, expected) {
-                        (Some((_, f)), Some(lsn)) => f.synced_lsn >= lsn,
-                        (Some(_), None) => true,
-                        (None, _) => false,
-                    };
-                    if is_last && !durable_damage {
-                        let dropped = bytes.len() as u64 - at as u64;
-                        let cut = base + at as u64;
-                        log::warn!(
-                            "journal segment {number}: torn tail at offset {cut}, truncating {dropped} bytes of unacknowledged writes"
-                        );
-                        segment
-                            .file
-                            .set_len(cut)
-                            .and_then(|()| segment.file.sync_data())
-                            .map_err(|e| Error::io(format!("truncating segment {number}"), e))?;
-                        torn_tail = Some(TornTail {
+            if let Some((frame, name, prev, len)) = valid {
+                if let Some(e) = expected
+                    && frame.lsn > e
+                    && !(lsn_may_skip && at == 0 && base == SEGMENT_HEADER_LEN)
+                {
+                    let cause = format!("records {e} to {} are missing", frame.lsn - 1);
+                    if ranges.open(last_end, expected, cause.clone()) {
+                        log::error!("journal {}: {cause}", at_str(here));
+                        records.push(DamagedRecord {
                             segment: number,
-                            offset: cut,
-                            bytes_dropped: dropped,
+                            offset: base + at as u64,
+                            partition: None,
+                            detail: cause,
                         });
-                        end_of_tail = cut;
-                        break 'segments;
-                    }
-                    let (hash, partition) = attribute(&bytes, at, segment.seed);
-                    let offset = base + at as u64;
-                    log::error!(
-                        "journal segment {number} offset {offset}: damaged record (partition {}); its partition will refuse to load",
-                        partition.as_deref().unwrap_or("unknown")
-                    );
-                    if let Some(h) = hash {
-                        damage.partition_hashes.insert(h);
-                    }
-                    damage.records.push(DamagedRecord {
-                        segment: number,
-                        offset,
-                        partition,
-                    });
-                    match next {
-                        Some((next_at, frame)) => {
-                            expected = Some(frame.lsn);
-                            at = next_at;
-                        }
-                        None => {
-                            // Nothing valid follows in this sealed segment: continue with the
-                            // next one, accepting its first LSN.
-                            expected = None;
-                            continue 'segments;
-                        }
                     }
                 }
+                ranges.close(Some((here, frame.lsn)), |end| ends_at(end, Some(here)));
+                ranges.judge(&name, frame.partition_hash, frame.kind, prev);
+                heads.insert(name.into_boxed_slice(), here);
+                expected = Some(frame.lsn + 1);
+                at += len as usize;
+                last_end = loc(number, base + at as u64);
+                bytes_scanned += len;
+                records_scanned += 1;
+                continue;
+            }
+            let after = expected.map(|e| e.saturating_sub(1));
+            let next = find_valid(&bytes, at + 1, segment.seed, after);
+            // In the last segment, damage is a torn write unless a later record was framed
+            // after the damaged one had become durable.
+            let durable_damage = match (&next, expected) {
+                (Some((_, f)), Some(lsn)) => f.synced_lsn >= lsn,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            if is_last && !durable_damage {
+                let dropped = bytes.len() as u64 - at as u64;
+                let cut = base + at as u64;
+                log::warn!(
+                    "journal segment {number}: torn tail at offset {cut}, truncating {dropped} bytes of unacknowledged writes"
+                );
+                segment
+                    .file
+                    .set_len(cut)
+                    .and_then(|()| segment.file.sync_data())
+                    .map_err(|e| Error::io(format!("truncating segment {number}"), e))?;
+                torn_tail = Some(TornTail {
+                    segment: number,
+                    offset: cut,
+                    bytes_dropped: dropped,
+                });
+                end_of_tail = cut;
+                break 'segments;
+            }
+            let candidate = attribute(&bytes, at, segment.seed);
+            let partition = candidate
+                .as_ref()
+                .and_then(|c| c.name.as_deref())
+                .map(shown);
+            let offset = base + at as u64;
+            log::error!(
+                "journal segment {number} offset {offset}: damaged record (partition {})",
+                partition.as_deref().unwrap_or("unknown")
+            );
+            records.push(DamagedRecord {
+                segment: number,
+                offset,
+                partition,
+                detail: "damaged record".into(),
+            });
+            if ranges.open(
+                last_end,
+                expected,
+                format!("damaged record at {}", at_str(here)),
+            ) && here == last_end
+                && let (Some(c), Some(open)) = (candidate, ranges.open.as_mut())
+            {
+                open.candidate = Some((c.hash, c.name, loc(number, base + c.end as u64)));
+            }
+            match next {
+                Some((next_at, _)) => at = next_at,
+                // Nothing valid follows in this sealed segment: the range goes on into the
+                // next one.
+                None => continue 'segments,
             }
         }
         end_of_tail = base + at as u64;
     }
+    // The segment the heads snapshot points into, and everything after it, is gone.
+    if start.is_some() && numbers.last().is_none_or(|&n| n < start_segment) {
+        let cause =
+            format!("segment {start_segment}, which the heads snapshot points into, is missing");
+        log::error!("journal: {cause}");
+        records.push(DamagedRecord {
+            segment: start_segment,
+            offset: start_offset,
+            partition: None,
+            detail: cause.clone(),
+        });
+        ranges.open(last_end, expected, cause);
+    }
+    let open_at_end = ranges.open.is_some();
+    ranges.close(None, |end| ends_at(end, None));
+    // Every partition not judged against every unattributed range may have lost records there.
+    if let Some(&from) = ranges.starts.first() {
+        for name in heads.keys() {
+            let judged = ranges.judged.get(name).copied().unwrap_or(0);
+            if judged < ranges.starts.len() {
+                let from = ranges.starts.get(judged).copied().unwrap_or(from);
+                ranges.damage.refuse(
+                    partition_hash(name),
+                    Some(name),
+                    format!(
+                        "it may have had records in the damaged journal from {}",
+                        at_str(from)
+                    ),
+                );
+            }
+        }
+    }
 
-    let next_lsn = expected.unwrap_or(1);
-    let (tail_segment, tail_seed, tail_offset) = match segments.iter().next_back() {
-        Some((&n, s)) => (n, s.seed, end_of_tail.max(SEGMENT_HEADER_LEN)),
-        None => {
-            let salt = new_salt();
-            let s = create_segment(vfs, journal_dir, 1, salt)?;
+    // Appends go to a fresh segment after a damaged newest one, and skip past any LSN the
+    // damage may have held, so no new record can be mistaken for a lost one.
+    let newest = numbers.last().copied();
+    let mut next_lsn = expected.unwrap_or(1);
+    if open_at_end || newest != last_live {
+        next_lsn += 1 << 20;
+    }
+    let (tail_segment, tail_seed, tail_offset) = match (newest, segments.iter().next_back()) {
+        (Some(n), Some((&l, s))) if n == l => (l, s.seed, end_of_tail.max(SEGMENT_HEADER_LEN)),
+        _ => {
+            let number = newest.map_or(1, |n| n + 1);
+            let s = create_segment(vfs, journal_dir, number, new_salt())?;
             let seed = s.seed;
-            segments.insert(1, s);
-            (1, seed, SEGMENT_HEADER_LEN)
+            segments.insert(number, s);
+            (number, seed, SEGMENT_HEADER_LEN)
         }
     };
     Ok(ScanOutcome {
@@ -367,7 +566,8 @@ pub fn scan(
             next_lsn,
         },
         heads,
-        damage,
+        damage: ranges.damage,
+        records,
         torn_tail,
         bytes_scanned,
         records_scanned,

@@ -15,8 +15,8 @@ use super::overlay::OverlayFs;
 use super::recovery::{self, DamagedRecord, TornTail};
 use super::vfs::{OpenMode, Vfs};
 use super::{
-    FileStore, HeadsSnapshot, JOURNAL_DIR, MANIFEST, MANIFEST_MAGIC, Manifest, SNAPSHOT_MAGIC,
-    SyncPolicy, container, format, journal,
+    FileStore, JOURNAL_DIR, MANIFEST, MANIFEST_MAGIC, SNAPSHOT_MAGIC, SyncPolicy, container,
+    format, journal,
 };
 use crate::error::{Error, Result};
 
@@ -128,15 +128,16 @@ fn check_files(dir: &Path, fs: OverlayFs) -> Result<FileCheck> {
         sizes(&journal_dir, &format!("{JOURNAL_DIR}/"), &mut files)?;
     }
 
-    let (manifest, read) = state_of(container::read::<Manifest>(
-        &fs,
-        dir,
-        MANIFEST,
-        MANIFEST_MAGIC,
-    ))?;
-    let snapshot = match read.and_then(|(m, _)| m.snapshot) {
+    let (manifest, read) = state_of(
+        container::read(&fs, dir, MANIFEST, MANIFEST_MAGIC)
+            .and_then(|env| env.map(|env| super::decode_manifest(&env)).transpose()),
+    )?;
+    // The segments compaction deleted, so the walk accepts exactly those gaps.
+    let known = read.as_ref().map(|m| m.damage.clone()).unwrap_or_default();
+    let snapshot = match read.and_then(|m| m.snapshot) {
         Some(name) => {
-            let read = container::read::<HeadsSnapshot>(&fs, dir, &name, SNAPSHOT_MAGIC);
+            let read = container::read(&fs, dir, &name, SNAPSHOT_MAGIC)
+                .and_then(|env| env.map(|env| super::decode_snapshot(&env)).transpose());
             Some((name, state_of(read)?.0))
         }
         None => None,
@@ -182,11 +183,19 @@ fn check_files(dir: &Path, fs: OverlayFs) -> Result<FileCheck> {
     };
     // Recovery's own scan, from the first record of the first segment, on an overlay.
     let scanned = recovery::open_segments(&fs, &journal_dir).and_then(|segments| {
-        recovery::scan(&fs, &journal_dir, segments, None, None, HashMap::new())
+        recovery::scan(
+            &fs,
+            &journal_dir,
+            segments,
+            None,
+            None,
+            HashMap::new(),
+            &known,
+        )
     });
     match scanned {
         Ok(outcome) => {
-            check.damaged = outcome.damage.records;
+            check.damaged = outcome.records;
             check.torn_tail = outcome.torn_tail;
             check.records = outcome.records_scanned;
             check.bytes = outcome.bytes_scanned;

@@ -60,9 +60,10 @@ impl FileWrite {
     }
 
     /// Applies part of this change, as a power cut in the middle of it would: a prefix of the
-    /// bytes, then where the rest should be the old bytes, zeros (allocated, never written) or
-    /// garbage. Only the bytes this change writes are touched (a write never damages bytes
-    /// beside it; SQLite calls this "powersafe overwrite"). Changing a length is all or nothing.
+    /// bytes, then, where the rest should be, the old bytes; past the old end of the file (newly
+    /// allocated space), zeros or garbage may appear instead. Only the bytes this change writes
+    /// are touched, and bytes already there are never garbled (sector writes are atomic; SQLite
+    /// calls this "powersafe overwrite"). Changing a length is all or nothing.
     fn apply_torn(&self, data: &mut Vec<u8>, rng: &mut Rng) {
         let FileWrite::Data { offset, bytes } = self else {
             if rng.one_in(2) {
@@ -72,14 +73,19 @@ impl FileWrite {
         };
         let cut = rng.below(bytes.len() as u64 + 1) as usize;
         write_at(data, *offset, &bytes[..cut]);
-        let rest = bytes.len() - cut;
+        // Fill only what lies past the current end: old bytes stay as they were.
+        let from = (*offset as usize + cut).max(data.len());
+        let end = *offset as usize + bytes.len();
+        if from >= end {
+            return;
+        }
         match rng.below(3) {
             0 => {}
-            1 => write_at(data, *offset + cut as u64, &vec![0u8; rest]),
+            1 => write_at(data, from as u64, &vec![0u8; end - from]),
             _ => {
-                let mut garbage = vec![0u8; rng.below(rest as u64 + 1) as usize];
+                let mut garbage = vec![0u8; rng.below((end - from) as u64 + 1) as usize];
                 rng.fill(&mut garbage);
-                write_at(data, *offset + cut as u64, &garbage);
+                write_at(data, from as u64, &garbage);
             }
         }
     }
@@ -184,7 +190,7 @@ impl FileData {
                     if !rng.one_in(2) {
                         continue;
                     }
-                    if rng.one_in(8) {
+                    if rng.one_in(4) {
                         piece.apply_torn(&mut bytes, rng);
                     } else {
                         piece.apply(&mut bytes);

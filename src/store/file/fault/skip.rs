@@ -2,16 +2,14 @@
 //! tests can show that they catch each missing sync (negative controls; see docs/DESIGN.md,
 //! "Testing the store"). Built only with the `fault-injection` feature, never in production.
 //!
-//! The switches wrap the store's [`Vfs`]: a skipped sync returns `Ok` without syncing, exactly
-//! what a store that forgot the call would see.
+//! Most switches wrap the store's [`Vfs`]: a skipped sync returns `Ok` without syncing, exactly
+//! what a store that forgot the call would see. [`SkipSync::ScannedTail`] is checked by open.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 
 use crate::store::file::vfs::{OpenMode, PathKind, Vfs, VfsFile, VfsLock};
 
@@ -27,11 +25,9 @@ pub enum SkipSync {
     Directories,
     /// The sync of the store directory's parent when the store directory is created.
     ParentDirectory,
-    /// `fdatasync` of files this store did not write itself: what open found left by a crashed
-    /// process, which open must make durable before serving it.
+    /// Open's rewrite and sync of the journal it scanned: what a crashed process (or a failed
+    /// sync) left readable but not durable, which open must make durable before serving it.
     ScannedTail,
-    /// `fdatasync` of heads snapshots and the manifest before they are renamed into place.
-    SmallFiles,
 }
 
 /// A [`Vfs`] that skips the chosen syncs of the store in `dir`.
@@ -66,7 +62,6 @@ impl fmt::Debug for SkippingVfs {
 struct SkippingFile {
     inner: Arc<dyn VfsFile>,
     journal: bool,
-    written: Mutex<bool>,
     skip: HashSet<SkipSync>,
 }
 
@@ -81,19 +76,10 @@ impl VfsFile for SkippingFile {
         self.inner.read_at(buf, offset)
     }
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        *self.written.lock() = true;
         self.inner.write_all_at(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
-        let written = *self.written.lock();
-        let skipped = if !written {
-            self.skip.contains(&SkipSync::ScannedTail)
-        } else if self.journal {
-            self.skip.contains(&SkipSync::JournalData)
-        } else {
-            self.skip.contains(&SkipSync::SmallFiles)
-        };
-        if skipped {
+        if self.journal && self.skip.contains(&SkipSync::JournalData) {
             return Ok(());
         }
         self.inner.sync_data()
@@ -102,19 +88,15 @@ impl VfsFile for SkippingFile {
         self.inner.len()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        *self.written.lock() = true;
         self.inner.set_len(len)
     }
 }
 
 impl Vfs for SkippingVfs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
-        let inner = self.inner.open(path, mode)?;
-        let created = matches!(mode, OpenMode::CreateNew | OpenMode::CreateTruncate);
         Ok(Arc::new(SkippingFile {
-            inner,
+            inner: self.inner.open(path, mode)?,
             journal: path.starts_with(self.dir.join("journal")),
-            written: Mutex::new(created),
             skip: self.skip.clone(),
         }))
     }

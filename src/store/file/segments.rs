@@ -1,0 +1,213 @@
+//! A bounded table of open journal segment files, so a journal of any number of segments needs
+//! a bounded number of file descriptors (100 GiB of 32 MiB segments would be over 3,000).
+//!
+//! Every segment is reached through a [`SegmentFile`]: a [`VfsFile`] that takes its handle from
+//! the table, opening the file when it is not open and closing the least recently used one
+//! when the table is full. A handle in use stays open until its user drops it, so the files open
+//! at once are the table plus those in flight.
+//!
+//! A segment written since its last sync is never closed: after a failed writeback, Linux
+//! reports the error to the descriptors open at the time, and a descriptor opened later could
+//! miss it (the fsyncgate findings). Its handle stays in the table until a sync succeeds.
+//!
+//! Readers that hold a location into a segment that compaction deletes are kept out by the
+//! journal's reader pins (see `Journal::pin`), not by open handles. Calls only the file layer.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::journal::segment_file_name;
+use super::vfs::{OpenMode, Vfs, VfsFile};
+
+/// The open segment files of one journal directory.
+#[derive(Debug)]
+pub struct SegmentFiles {
+    dir: PathBuf,
+    vfs: Arc<dyn Vfs>,
+    capacity: usize,
+    table: Mutex<Table>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    /// Open handles and when each was last used.
+    open: HashMap<u32, (Arc<dyn VfsFile>, u64)>,
+    /// Segments written since their last successful sync: never closed.
+    dirty: HashSet<u32>,
+    clock: u64,
+}
+
+impl SegmentFiles {
+    pub fn new(dir: PathBuf, vfs: Arc<dyn Vfs>, capacity: usize) -> Arc<Self> {
+        Arc::new(SegmentFiles {
+            dir,
+            vfs,
+            capacity: capacity.max(2),
+            table: Mutex::new(Table::default()),
+        })
+    }
+
+    /// The file of segment `number`, opened on demand.
+    pub fn file(self: &Arc<Self>, number: u32) -> Arc<dyn VfsFile> {
+        Arc::new(SegmentFile {
+            number,
+            files: self.clone(),
+        })
+    }
+
+    /// Adopts a handle just opened (say, by creating the file), so it is not opened twice.
+    pub fn adopt(&self, number: u32, file: Arc<dyn VfsFile>) {
+        let mut table = self.table.lock();
+        table.clock += 1;
+        let now = table.clock;
+        table.open.insert(number, (file, now));
+        self.evict(&mut table);
+    }
+
+    /// Closes the handle of a deleted segment.
+    pub fn forget(&self, number: u32) {
+        let mut table = self.table.lock();
+        table.open.remove(&number);
+        table.dirty.remove(&number);
+    }
+
+    /// Files open in the table now.
+    #[cfg(test)]
+    pub fn open_count(&self) -> usize {
+        self.table.lock().open.len()
+    }
+
+    /// The handle of `number`; `writing` marks it dirty first, so it cannot be closed between
+    /// the write and its sync.
+    fn handle(&self, number: u32, writing: bool) -> io::Result<Arc<dyn VfsFile>> {
+        let mut table = self.table.lock();
+        table.clock += 1;
+        let now = table.clock;
+        if writing {
+            table.dirty.insert(number);
+        }
+        if let Some((file, used)) = table.open.get_mut(&number) {
+            *used = now;
+            return Ok(file.clone());
+        }
+        // Opening under the table's mutex keeps the count bounded; it is a short system call.
+        let path = self.dir.join(segment_file_name(number));
+        let file = match self.vfs.open(&path, OpenMode::ReadWrite) {
+            Ok(file) => file,
+            Err(e) => {
+                if writing {
+                    table.dirty.remove(&number);
+                }
+                return Err(e);
+            }
+        };
+        table.open.insert(number, (file.clone(), now));
+        self.evict(&mut table);
+        Ok(file)
+    }
+
+    fn evict(&self, table: &mut Table) {
+        while table.open.len() > self.capacity {
+            let victim = table
+                .open
+                .iter()
+                .filter(|(n, _)| !table.dirty.contains(n))
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(n, _)| *n);
+            match victim {
+                Some(n) => {
+                    table.open.remove(&n);
+                }
+                // Every open segment has unsynced writes: keep them all.
+                None => break,
+            }
+        }
+    }
+
+    fn synced(&self, number: u32) {
+        let mut table = self.table.lock();
+        table.dirty.remove(&number);
+        self.evict(&mut table);
+    }
+}
+
+/// A segment file reached through the table (see the module docs).
+#[derive(Debug)]
+struct SegmentFile {
+    number: u32,
+    files: Arc<SegmentFiles>,
+}
+
+impl VfsFile for SegmentFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.files.handle(self.number, false)?.read_at(buf, offset)
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.files
+            .handle(self.number, true)?
+            .write_all_at(buf, offset)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        // Dirty, so the handle that wrote is the one synced.
+        let file = self.files.handle(self.number, true)?;
+        file.sync_data()?;
+        self.files.synced(self.number);
+        Ok(())
+    }
+
+    fn len(&self) -> io::Result<u64> {
+        self.files.handle(self.number, false)?.len()
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.files.handle(self.number, true)?.set_len(len)
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        // One handle for the whole read.
+        self.files
+            .handle(self.number, false)?
+            .read_exact_at(buf, offset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::FaultFs;
+    use std::path::Path;
+
+    #[test]
+    fn at_most_capacity_clean_files_stay_open_and_dirty_ones_are_kept() {
+        let fs = FaultFs::new();
+        let dir = Path::new("/j");
+        fs.create_dir_all(dir).unwrap();
+        for n in 1..=10u32 {
+            fs.open(&dir.join(segment_file_name(n)), OpenMode::CreateNew)
+                .unwrap();
+        }
+        let files = SegmentFiles::new(dir.to_path_buf(), Arc::new(fs.clone()), 3);
+        for n in 1..=10u32 {
+            files.file(n).write_all_at(&[n as u8], 0).unwrap();
+        }
+        // Nothing was synced: every written file stays open.
+        assert_eq!(files.open_count(), 10);
+        for n in 1..=10u32 {
+            files.file(n).sync_data().unwrap();
+        }
+        files.file(1).len().unwrap();
+        assert_eq!(files.open_count(), 3);
+        for n in 1..=10u32 {
+            let mut b = [0u8; 1];
+            files.file(n).read_exact_at(&mut b, 0).unwrap();
+            assert_eq!(b[0], n as u8);
+            assert!(files.open_count() <= 3);
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! Stores on a [`FaultFs`] disk for the damage and recovery tests: small segments so a short
+//! workload spans several, and helpers to find and damage the files docs/DESIGN.md documents.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use portcullis::store::{Batch, FaultFs, FileStore, FileStoreBuilder, Partition, Store, Vfs};
+use portcullis::{Error, ManualClock};
+
+use super::workload::{batch, partition_of};
+
+/// Where the store lives on the fault-injecting disk.
+pub const DIR: &str = "/db";
+/// Batches of the shared workload [`written`] commits.
+pub const BATCHES: u64 = 24;
+
+/// A store configuration with 4 KiB segments, no automatic snapshots or compaction, and a base
+/// record every 4 records.
+pub fn builder(fs: &FaultFs) -> FileStoreBuilder {
+    FileStore::builder(DIR)
+        .vfs(Arc::new(fs.clone()))
+        .clock(Arc::new(ManualClock::new(1_000)))
+        .segment_bytes(4096)
+        .snapshot_every_bytes(1 << 40)
+        .base_every_records(4)
+        .auto_compact(false)
+}
+
+/// A disk holding the workload's batches `1..=BATCHES`: closed cleanly (a heads snapshot covers
+/// everything) or left by a killed process (open must scan the journal).
+pub fn written(clean_close: bool) -> FaultFs {
+    let fs = FaultFs::new();
+    let store = builder(&fs).open().unwrap();
+    for n in 1..=BATCHES {
+        assert!(
+            store
+                .apply(&partition_of(n), &batch(n))
+                .unwrap()
+                .is_committed()
+        );
+    }
+    if clean_close {
+        store.close().unwrap();
+        fs
+    } else {
+        let image = fs.crash_process();
+        drop(store);
+        image
+    }
+}
+
+/// The journal directory.
+pub fn journal() -> PathBuf {
+    Path::new(DIR).join("journal")
+}
+
+/// The journal's segment files, oldest first.
+pub fn segments(fs: &FaultFs) -> Vec<PathBuf> {
+    let mut names: Vec<String> = fs
+        .list(&journal())
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.ends_with(".seg"))
+        .collect();
+    names.sort();
+    names.into_iter().map(|n| journal().join(n)).collect()
+}
+
+/// The number in a segment file's name.
+pub fn segment_number(path: &Path) -> u32 {
+    let name = path.file_name().unwrap().to_string_lossy();
+    name.trim_end_matches(".seg").parse().unwrap()
+}
+
+/// The heads snapshot files.
+pub fn snapshot_files(fs: &FaultFs) -> Vec<PathBuf> {
+    fs.list(Path::new(DIR))
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.starts_with("heads-") && n.ends_with(".snap"))
+        .map(|n| Path::new(DIR).join(n))
+        .collect()
+}
+
+/// Changes a file's bytes in place.
+pub fn damage(fs: &FaultFs, path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+    let mut bytes = fs.read_file(path).unwrap();
+    f(&mut bytes);
+    fs.write_file(path, bytes).unwrap();
+}
+
+/// A tally of single-key writes: each batch sets key `v` of one partition to a fresh value,
+/// so what a partition shows tells exactly which of its batches survived.
+#[derive(Default)]
+pub struct Tally {
+    /// Every value written per partition, oldest first.
+    pub written: BTreeMap<String, Vec<Vec<u8>>>,
+    n: u64,
+}
+
+impl Tally {
+    /// Commits one batch to `name` whose value is `pad` bytes long.
+    pub fn put(&mut self, store: &FileStore, name: &str, pad: usize) {
+        self.n += 1;
+        let mut value = format!("{name} #{}:", self.n).into_bytes();
+        value.resize(value.len() + pad, b'.');
+        let p = Partition::new(name).unwrap();
+        let b = Batch::new().put(b"v".to_vec(), value.clone());
+        assert!(store.apply(&p, &b).unwrap().is_committed());
+        self.written.entry(name.to_owned()).or_default().push(value);
+    }
+
+    /// The newest value of a partition.
+    pub fn newest(&self, name: &str) -> &[u8] {
+        self.written[name].last().unwrap()
+    }
+
+    /// Checks that no partition was rolled back: each answers its newest value or refuses with
+    /// `Corrupt`. Returns the partitions that refused.
+    pub fn refused(&self, store: &FileStore) -> Vec<String> {
+        let mut refused = Vec::new();
+        for (name, values) in &self.written {
+            let p = Partition::new(name).unwrap();
+            match store.get(&p, b"v") {
+                Ok(Some(v)) if &v == values.last().unwrap() => {}
+                Err(Error::Corrupt { .. }) => refused.push(name.clone()),
+                Ok(other) => panic!(
+                    "partition {name} was rolled back: it answers {:?}, its newest value is {:?}",
+                    other.map(|v| String::from_utf8_lossy(&v[..v.len().min(20)]).into_owned()),
+                    String::from_utf8_lossy(&values.last().unwrap()[..20])
+                ),
+                Err(e) => panic!("partition {name}: {e}"),
+            }
+        }
+        refused
+    }
+}
+
+/// The partitions (of `names`) with a record in `bytes` of a segment.
+pub fn partitions_in(bytes: &[u8], names: &[&str]) -> Vec<String> {
+    let mut found: Vec<String> = super::layout::records(bytes)
+        .iter()
+        .filter_map(|r| {
+            names
+                .iter()
+                .find(|n| super::layout::partition_hash(n.as_bytes()) == r.partition_hash)
+        })
+        .map(|n| n.to_string())
+        .collect();
+    found.sort();
+    found.dedup();
+    found
+}
