@@ -16,6 +16,7 @@ use super::Inner;
 use super::format::{self, FRAME_LEN, RecordKind, SEGMENT_HEADER_LEN, ValueLoc, loc_segment};
 use super::journal::segment_file_name;
 use super::partition::{self, PartState};
+use super::vfs::VfsFile;
 use crate::error::{Error, Result};
 use crate::store::{Op, Partition};
 
@@ -203,38 +204,93 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
     Ok(report)
 }
 
-/// The names of the partitions with a record in a segment. Fails on any damage.
+/// Bytes of a segment held at once while compaction reads it.
+const SCAN_WINDOW: usize = 1 << 20;
+
+/// A window over a segment file: reads it in pieces of at most [`SCAN_WINDOW`] bytes, so a
+/// segment of any size is scanned in bounded memory.
+struct Window<'a> {
+    file: &'a dyn VfsFile,
+    len: u64,
+    start: u64,
+    buf: Vec<u8>,
+    filled: usize,
+}
+
+impl<'a> Window<'a> {
+    fn new(file: &'a dyn VfsFile, len: u64) -> Self {
+        Window {
+            file,
+            len,
+            start: 0,
+            buf: vec![0u8; SCAN_WINDOW],
+            filled: 0,
+        }
+    }
+
+    /// Up to `n` bytes (at most the window) at `at`; fewer only at the end of the file.
+    fn get(&mut self, at: u64, n: usize) -> std::io::Result<&[u8]> {
+        let n = n.min(SCAN_WINDOW);
+        let inside = at >= self.start && at + n as u64 <= self.start + self.filled as u64;
+        if !inside {
+            self.start = at;
+            self.filled = (self.len.saturating_sub(at) as usize).min(SCAN_WINDOW);
+            self.file.read_exact_at(&mut self.buf[..self.filled], at)?;
+        }
+        let from = (at - self.start) as usize;
+        let to = (from + n).min(self.filled);
+        Ok(&self.buf[from..to])
+    }
+}
+
+/// The names of the partitions with a record in a segment, read through a bounded window.
+/// Fails on any damage.
 fn partitions_in_segment(inner: &Inner, number: u32) -> Result<HashSet<Vec<u8>>> {
     let segment = inner.journal.segment(number)?;
-    let len = segment
-        .file
-        .len()
-        .map_err(|e| Error::io(format!("sizing segment {number}"), e))?;
-    let mut bytes = vec![0u8; len as usize];
-    segment
-        .file
-        .read_exact_at(&mut bytes, 0)
-        .map_err(|e| Error::io(format!("reading segment {number}"), e))?;
+    let io = |e| Error::io(format!("reading segment {number}"), e);
+    let len = segment.file.len().map_err(io)?;
+    let mut window = Window::new(&*segment.file, len);
     let mut names = HashSet::new();
-    let mut at = SEGMENT_HEADER_LEN as usize;
-    while at < bytes.len() {
+    let mut at = SEGMENT_HEADER_LEN;
+    while at < len {
         let damaged = || {
             Error::corrupt(
                 format!("journal segment {number}"),
                 format!("damaged record at offset {at}"),
             )
         };
-        let frame = bytes
-            .get(at..at + FRAME_LEN)
-            .and_then(|h| format::decode_frame(segment.seed, h))
+        let frame = format::decode_frame(segment.seed, window.get(at, FRAME_LEN).map_err(io)?)
             .ok_or_else(damaged)?;
-        let body = bytes
-            .get(at + FRAME_LEN..at + FRAME_LEN + frame.body_len as usize)
-            .filter(|b| format::body_crc(b) == frame.body_crc)
-            .ok_or_else(damaged)?;
-        let (name, _) = format::decode_body_head(body).ok_or_else(damaged)?;
+        let body_at = at + FRAME_LEN as u64;
+        let body_len = frame.body_len as u64;
+        if body_at + body_len > len {
+            return Err(damaged());
+        }
+        // The name comes first in the body: 1 byte of length, at most 255 bytes, a location.
+        let head = window
+            .get(body_at, body_len.min(264) as usize)
+            .map_err(io)?;
+        let (name, _) = format::decode_body_head(head).ok_or_else(damaged)?;
         names.insert(name.to_vec());
-        at += FRAME_LEN + frame.body_len as usize;
+        let mut crc = 0u32;
+        let mut done = 0u64;
+        while done < body_len {
+            let piece = window
+                .get(
+                    body_at + done,
+                    (body_len - done).min(SCAN_WINDOW as u64) as usize,
+                )
+                .map_err(io)?;
+            if piece.is_empty() {
+                return Err(damaged());
+            }
+            crc = crc32c::crc32c_append(crc, piece);
+            done += piece.len() as u64;
+        }
+        if crc != frame.body_crc {
+            return Err(damaged());
+        }
+        at = body_at + body_len;
     }
     Ok(names)
 }
@@ -265,7 +321,6 @@ fn rewrite_partition(inner: &Inner, state: &PartState, victims: &HashSet<u32>) -
         .collect();
     let mut copied = 0u64;
     let mut moved: Vec<Mover> = Vec::with_capacity(movers.len());
-    let mut last_lsn = None;
     for chunk in chunk_by_bytes(&movers) {
         let mut ops = Vec::with_capacity(chunk.len());
         for (k, v) in chunk {
@@ -278,16 +333,17 @@ fn rewrite_partition(inner: &Inner, state: &PartState, victims: &HashSet<u32>) -
             .append(RecordKind::Batch, state.hash, &body, |_, at| {
                 state.head.store(at, Ordering::Release)
             })?;
-        last_lsn = Some(lsn);
+        drop((ops, body));
+        // Each copy is written before the next is read, so the journal's queue holds one
+        // copy record at a time, not a partition's worth (the sync it may cost is one per
+        // COPY_RECORD_BYTES copied).
+        inner.journal.wait_durable(lsn)?;
         commit.chain_len += 1;
         for ((k, v), offset) in chunk.iter().zip(offsets) {
             copied += v.len as u64;
             let at = at + FRAME_LEN as u64 + offset as u64;
             moved.push((k.clone(), ValueLoc { at, ..*v }));
         }
-    }
-    if let Some(lsn) = last_lsn {
-        inner.journal.wait_durable(lsn)?;
     }
     let mut view = state.view.write();
     for (k, v) in moved {

@@ -1,0 +1,158 @@
+//! What loading a partition and compacting hold in memory (SPEC S8; issue 8 item 11): a load
+//! holds keys and value locations plus one record, never every body of its chain; compaction
+//! reads a segment through a bounded window, never the whole segment at once.
+//!
+//! A counting global allocator (`stats_alloc`) gives the heap in use; a file layer samples it
+//! at every read, which is where both used to hold the most. This binary has one test, so no
+//! other test's allocations blur the figures.
+
+use std::alloc::System;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use portcullis::store::{
+    Batch, FileStore, OpenMode, OsFs, Partition, PathKind, Store, SyncPolicy, Vfs, VfsFile, VfsLock,
+};
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+fn heap_in_use() -> i64 {
+    let s = GLOBAL.stats();
+    // stats_alloc adds a realloc's growth to `bytes_allocated` and a shrink to
+    // `bytes_deallocated`.
+    s.bytes_allocated as i64 - s.bytes_deallocated as i64
+}
+
+/// The most heap in use seen at any read since the last reset.
+static PEAK: AtomicI64 = AtomicI64::new(0);
+
+fn reset_peak() -> i64 {
+    let now = heap_in_use();
+    PEAK.store(now, Ordering::SeqCst);
+    now
+}
+
+fn sample() {
+    PEAK.fetch_max(heap_in_use(), Ordering::SeqCst);
+}
+
+/// The operating system's files, sampling the heap at every read.
+#[derive(Debug)]
+struct Sampling;
+
+#[derive(Debug)]
+struct SamplingFile(Arc<dyn VfsFile>);
+
+impl VfsFile for SamplingFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        sample();
+        self.0.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.0.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+}
+
+impl Vfs for Sampling {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
+        Ok(Arc::new(SamplingFile(OsFs.open(path, mode)?)))
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        OsFs.create_dir_all(path)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        OsFs.list(dir)
+    }
+    fn kind(&self, path: &Path) -> io::Result<Option<PathKind>> {
+        OsFs.kind(path)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        OsFs.remove(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        OsFs.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        OsFs.sync_dir(dir)
+    }
+    fn try_lock(&self, path: &Path) -> io::Result<Box<dyn VfsLock>> {
+        OsFs.try_lock(path)
+    }
+}
+
+const MIB: i64 = 1 << 20;
+/// Batches of one 1 MiB value each: a chain of 60 records (no base falls due below 64) in one
+/// 80 MiB segment.
+const BATCHES: u32 = 60;
+
+#[test]
+fn loading_and_compacting_hold_one_record_not_a_chain_or_a_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Partition::new("big").unwrap();
+    let open = || {
+        FileStore::builder(dir.path())
+            .vfs(Arc::new(Sampling))
+            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+            .segment_bytes(80 << 20)
+            .auto_compact(false)
+            .open()
+            .unwrap()
+    };
+    {
+        let store = open();
+        for i in 0..BATCHES {
+            let value = vec![i as u8; 1 << 20];
+            let batch = Batch::new().put(format!("k{i:03}").into_bytes(), value);
+            assert!(store.apply(&p, &batch).unwrap().is_committed());
+        }
+        // Another partition moves the journal to a second segment, sealing the first.
+        let other = Partition::new("other").unwrap();
+        for i in 0..30u32 {
+            let batch = Batch::new().put(format!("o{i}").into_bytes(), vec![1u8; 1 << 20]);
+            assert!(store.apply(&other, &batch).unwrap().is_committed());
+        }
+        store.close().unwrap();
+    }
+
+    let store = open();
+    let before = reset_peak();
+    // The first read loads the partition by walking its 60-record chain.
+    assert_eq!(store.get(&p, b"k007").unwrap().unwrap()[0], 7);
+    let load_peak = PEAK.load(Ordering::SeqCst) - before;
+    assert!(
+        load_peak < 16 * MIB,
+        "loading a 60 MiB chain held {} MiB at once",
+        load_peak / MIB
+    );
+
+    let before = reset_peak();
+    let report = store.compact().unwrap();
+    let compaction_peak = PEAK.load(Ordering::SeqCst) - before;
+    assert!(report.segments_removed >= 1, "{report:?}");
+    assert!(
+        compaction_peak < 40 * MIB,
+        "compacting an 80 MiB segment held {} MiB at once",
+        compaction_peak / MIB
+    );
+    for i in [0, BATCHES - 1] {
+        let value = store
+            .get(&p, format!("k{i:03}").as_bytes())
+            .unwrap()
+            .unwrap();
+        assert_eq!(value, vec![i as u8; 1 << 20]);
+    }
+    store.close().unwrap();
+}
