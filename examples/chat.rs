@@ -92,7 +92,7 @@ fn main() -> Result<()> {
                             author: format!("writer-{w}"),
                             text: format!("message {i}"),
                         };
-                        engine.append_typed(&room((w * 7 + i) % ROOMS)?, 0, &[post])?;
+                        engine.append_typed(&room((w * 7 + i) % ROOMS)?, &[post])?;
                     }
                     Ok(())
                 })
@@ -104,7 +104,6 @@ fn main() -> Result<()> {
     })?;
     engine.append_typed(
         &room(0)?,
-        0,
         &[Message::Renamed {
             title: "general".into(),
         }],

@@ -191,22 +191,39 @@ impl Metrics for RestoreWatch {
 struct Opened {
     engine: Engine<ChatRooms>,
     watch: Arc<RestoreWatch>,
+    /// The store the tour opened and handed to the engine: its lifetime is the tour's, so the
+    /// tour closes it after the engine.
+    store: Arc<FileStore>,
+}
+
+impl Opened {
+    fn close(&self) -> Result<()> {
+        self.engine.close()?;
+        self.store.close()
+    }
 }
 
 /// Opens the engine over the file store in `dir`, and says what the store's open read.
 fn open_engine(dir: &Path) -> Result<(Opened, OpenReport)> {
-    let store = FileStore::open(dir)?;
+    let store = Arc::new(FileStore::open(dir)?);
     let report = store.open_report().clone();
     let watch = Arc::new(RestoreWatch::default());
     // Many warm workers: each restore that repairs appends durably, and concurrent appends
     // share syncs (group commit), so more workers than cores pays off.
     let engine = Engine::builder(ChatRooms)
-        .store(Arc::new(store))
+        .store(Arc::clone(&store) as Arc<dyn Store>)
         .metrics(Arc::clone(&watch) as Arc<dyn Metrics>)
         .pool_threads(32)
         .warm_parallelism(32)
         .open()?;
-    Ok((Opened { engine, watch }, report))
+    Ok((
+        Opened {
+            engine,
+            watch,
+            store,
+        },
+        report,
+    ))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -244,6 +261,7 @@ fn build_history(dir: &Path, scale: Scale) -> Result<()> {
     let claims = claim_a_room_twice(&*store)?;
     let batches = store.stats().batches;
     engine.close()?;
+    store.close()?;
     println!(
         "   {} records in {} batches, {:.1} MiB on disk, written in {:.2?}",
         count(scale.rooms * scale.messages),
@@ -417,15 +435,13 @@ fn fence_a_stale_writer(opened: &Opened) -> Result<()> {
     let engine = &opened.engine;
     let target = room(FIRST_TOUCH);
     let ns = target.namespace();
-    // The writer plans under the epoch it was granted, and keeps that grant.
-    let grant = engine.current_epoch(ns)?;
-    let seqs = engine.append(
-        &target,
-        grant,
-        vec![message("planned under the first grant")],
-    )?;
+    // The engine serves the namespace under the grant it adopted (SPEC F11): every write it
+    // makes there commits through the fence under that grant.
+    let grant = engine.own(ns)?;
+    let seqs = engine.append(&target, vec![message("written under the first grant")])?;
     println!(
-        "   a writer granted epoch {grant} appends to {target}: committed at seq {}",
+        "   the engine serves {} under grant {grant} and appends to {target}: committed at seq {}",
+        ns.as_str(),
         seqs.start()
     );
 
@@ -457,20 +473,22 @@ fn fence_a_stale_writer(opened: &Opened) -> Result<()> {
     );
 
     let refused = engine
-        .append(
-            &target,
-            grant,
-            vec![message("still planned under the old grant")],
-        )
-        .expect_err("a write planned under an older epoch must not commit after Complete");
-    println!("   the stale writer (grant {grant}) tries again and is refused:");
+        .append(&target, vec![message("still under the old grant")])
+        .expect_err("a write under an older epoch must not commit after Complete");
+    println!("   the engine, still holding grant {grant}, writes again and is refused:");
     println!("     code {}: {refused}", refused.code());
     assert!(matches!(refused, Error::Fenced { .. }));
-    let seqs = engine.append(&target, newer, vec![message("planned under the new grant")])?;
+    // Deposed: it stops serving the namespace at once, answering from memory.
+    let again = engine.read(&target, |_| ()).unwrap_err();
+    assert!(matches!(again, Error::Fenced { .. }));
+    println!("   from now on it answers Fenced without asking the store, until it adopts again");
+    let adopted = engine.own(ns)?;
+    let seqs = engine.append(&target, vec![message("written under the new grant")])?;
     println!(
-        "   a writer granted epoch {newer} appends: committed at seq {}",
+        "   adopted again under grant {adopted}: committed at seq {}",
         seqs.start()
     );
+    println!("   (two engines handing a namespace over: cargo run --example handover)");
     Ok(())
 }
 
@@ -493,18 +511,13 @@ pub fn keep_writing(dir: &Path) -> Result<()> {
             .map_err(|e| io("reporting to the parent", e))
     };
     say(&mut out, format!("open {}", engine.incarnation()))?;
-    let epoch = engine.current_epoch(room(0).namespace())?;
     let give_up = Instant::now() + Duration::from_secs(20);
     for n in 0.. {
         if Instant::now() > give_up {
             break;
         }
         let i = CHILD_WRITES_TO[n % CHILD_WRITES_TO.len()];
-        engine.append(
-            &room(i),
-            epoch,
-            vec![message(format_args!("{n} from the child"))],
-        )?;
+        engine.append(&room(i), vec![message(format_args!("{n} from the child"))])?;
         // Written under the default sync policy: acknowledged means durable.
         say(&mut out, format!("ack {i}"))?;
     }
@@ -559,7 +572,7 @@ fn kill_a_writer_and_reopen(
         .map(|&i| before.engine.read(&room(i), |r| r.messages))
         .collect::<Result<Vec<_>>>()?;
     // One process owns a directory (SPEC S6): close so that the child can open it.
-    before.engine.close()?;
+    before.close()?;
 
     let child = run_child_until_killed(dir, relaunch)?;
     println!(
@@ -574,8 +587,8 @@ fn kill_a_writer_and_reopen(
     );
 
     let after = reopen_after_the_crash(dir, &child, &rooms, &messages_before)?;
-    after.engine.close()?;
-    reopen_cleanly(dir, &child, &rooms)
+    after.close()?;
+    reopen_cleanly(dir, &rooms)
 }
 
 /// Reopens after the kill: each room touched is repaired once, as part of its restore.
@@ -595,6 +608,15 @@ fn reopen_after_the_crash(
             .map_or("none".into(), |n| n.to_string())
     );
     assert_eq!(engine.unclean_previous(), Some(child.incarnation));
+    // Repairs are owed per namespace (SPEC F11): the child held the rooms' namespace under a
+    // term of its own and never released it, so that term is owed one repair per room.
+    let owed = engine.owed_repairs(room(0).namespace())?;
+    println!(
+        "   the child never released namespace {}: repairs owed for term {owed:?}",
+        room(0).namespace()
+    );
+    assert_eq!(owed.len(), 1);
+    let label = owed[0];
 
     for (k, &i) in rooms.iter().enumerate() {
         let state = engine.read(&room(i), Clone::clone)?;
@@ -608,7 +630,7 @@ fn reopen_after_the_crash(
         // At least, not exactly: a write can be durable and the child killed before it
         // printed the acknowledgement.
         assert!(state.messages >= messages_before[k] + acked);
-        assert_eq!(state.repairs, vec![child.incarnation]);
+        assert_eq!(state.repairs, vec![label]);
     }
     let units = engine.stats().units_run;
     let repaired = after.watch.repair_records.load(Ordering::Relaxed);
@@ -620,7 +642,7 @@ fn reopen_after_the_crash(
         "   touched again: repair markers {again:?}; restore units run: {}",
         engine.stats().units_run
     );
-    assert!(again.iter().all(|r| *r == vec![child.incarnation]));
+    assert!(again.iter().all(|r| *r == vec![label]));
     assert_eq!(engine.stats().units_run, units);
 
     // Every room is owed the repair, not only the ones touched: warm the rest so each gets it
@@ -634,7 +656,7 @@ fn reopen_after_the_crash(
 }
 
 /// Reopens after a clean close: nothing is repaired, and the markers are still there once.
-fn reopen_cleanly(dir: &Path, child: &ChildReport, rooms: &[usize]) -> Result<Opened> {
+fn reopen_cleanly(dir: &Path, rooms: &[usize]) -> Result<Opened> {
     let (clean, _) = open_engine(dir)?;
     let repairs = repairs_of(&clean.engine, rooms)?;
     println!(
@@ -643,7 +665,8 @@ fn reopen_cleanly(dir: &Path, child: &ChildReport, rooms: &[usize]) -> Result<Op
         clean.engine.unclean_previous()
     );
     assert_eq!(clean.engine.unclean_previous(), None);
-    assert!(repairs.iter().all(|r| *r == vec![child.incarnation]));
+    assert!(clean.engine.owed_repairs(room(0).namespace())?.is_empty());
+    assert!(repairs.iter().all(|r| r.len() == 1 && *r == repairs[0]));
     assert_eq!(clean.watch.repair_records.load(Ordering::Relaxed), 0);
     Ok(clean)
 }
@@ -705,7 +728,7 @@ fn next_line(lines: &mut Lines<BufReader<ChildStdout>>) -> Option<String> {
 fn close_cleanly(opened: Opened) -> Result<()> {
     println!("\n7. Close");
     let incarnation = opened.engine.incarnation();
-    opened.engine.close()?;
+    opened.close()?;
     println!("   incarnation {incarnation} closed cleanly; the next open will repair nothing");
     Ok(())
 }

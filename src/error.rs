@@ -143,6 +143,16 @@ pub enum Error {
         /// What went wrong, and where.
         detail: String,
     },
+
+    /// This engine does not serve the entity's namespace (SPEC F11): it never adopted it, it
+    /// released it, or another owner holds it.
+    #[error("this engine does not serve namespace {namespace}: {detail}")]
+    NotServed {
+        /// The namespace.
+        namespace: String,
+        /// Why, and what to do.
+        detail: String,
+    },
 }
 
 /// The message of [`Error::TooLarge`]: bytes, or a count for "operations ..." and
@@ -177,6 +187,7 @@ impl Error {
             Error::UnknownEntity(_) => 12,
             Error::WouldDeadlock { .. } => 13,
             Error::OutcomeUnknown { .. } => 14,
+            Error::NotServed { .. } => 15,
         }
     }
 
@@ -241,6 +252,10 @@ mod tests {
             },
             Error::OutcomeUnknown {
                 partition: "p".into(),
+                detail: "d".into(),
+            },
+            Error::NotServed {
+                namespace: "n".into(),
                 detail: "d".into(),
             },
         ];

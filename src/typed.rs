@@ -43,7 +43,7 @@
 //! let engine = Engine::builder(Typed(Account)).store(Arc::new(MemoryStore::new())).open()?;
 //! let alice = EntityId::new("bank", "alice")?;
 //! engine.register(&alice)?;
-//! engine.append_typed(&alice, 0, &[Event::Deposited(10), Event::Withdrew(3)])?;
+//! engine.append_typed(&alice, &[Event::Deposited(10), Event::Withdrew(3)])?;
 //! assert_eq!(engine.read(&alice, |balance| *balance)?, 7);
 //! # Ok::<(), portcullis::Error>(())
 //! ```
@@ -261,9 +261,9 @@ impl<T: TypedMachine> Engine<Typed<T>> {
     /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
     /// let item = EntityId::new("stock", "widget")?;
     /// engine.register(&item)?;
-    /// engine.append_typed(&item, 0, &[5])?;
+    /// engine.append_typed(&item, &[5])?;
     /// // Take 3 only if there are at least 3.
-    /// let taken = engine.write_typed(&item, 0, |on_hand| {
+    /// let taken = engine.write_typed(&item, |on_hand| {
     ///     if *on_hand >= 3 { (vec![-3], true) } else { (vec![], false) }
     /// })?;
     /// assert!(taken.value);
@@ -273,11 +273,10 @@ impl<T: TypedMachine> Engine<Typed<T>> {
     pub fn write_typed<V>(
         &self,
         entity: &EntityId,
-        grant_epoch: u64,
         decide: impl FnOnce(&T::State) -> (Vec<T::Record>, V),
     ) -> Result<Written<V>> {
         let mut encoded = Ok(());
-        let written = self.write(entity, grant_epoch, |state| {
+        let written = self.write(entity, |state| {
             let (records, value) = decide(state);
             match encode_all(&records) {
                 Ok(bytes) => (bytes, value),
@@ -308,17 +307,16 @@ impl<T: TypedMachine> Engine<Typed<T>> {
     /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
     /// let room = EntityId::new("chat", "lobby")?;
     /// engine.register(&room)?;
-    /// let seqs = engine.append_typed(&room, 0, &["hi".to_string(), "there".to_string()])?;
+    /// let seqs = engine.append_typed(&room, &["hi".to_string(), "there".to_string()])?;
     /// assert_eq!(seqs, 1..=2);
     /// # Ok::<(), portcullis::Error>(())
     /// ```
     pub fn append_typed(
         &self,
         entity: &EntityId,
-        grant_epoch: u64,
         records: &[T::Record],
     ) -> Result<RangeInclusive<u64>> {
-        self.append(entity, grant_epoch, encode_all(records)?)
+        self.append(entity, encode_all(records)?)
     }
 
     /// [`Engine::defer`] with a typed record (SPEC R8).
@@ -366,7 +364,7 @@ impl<T: TypedMachine> Engine<Typed<T>> {
     /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
     /// let room = EntityId::new("chat", "lobby")?;
     /// engine.register(&room)?;
-    /// engine.append_typed(&room, 0, &["a".to_string(), "b".to_string()])?;
+    /// engine.append_typed(&room, &["a".to_string(), "b".to_string()])?;
     /// let lines = engine.history_typed(&room, 1)?.collect::<Result<Vec<_>, _>>()?;
     /// assert_eq!(lines, vec![(1, "a".to_string()), (2, "b".to_string())]);
     /// # Ok::<(), portcullis::Error>(())

@@ -34,7 +34,7 @@ fn s3_the_builder_chooses_the_file_stores_sync_policy() {
         let e = room("r");
         engine.register(&e).unwrap();
         for _ in 0..5 {
-            engine.append(&e, 0, vec![b"x".to_vec()]).unwrap();
+            engine.append(&e, vec![b"x".to_vec()]).unwrap();
         }
         engine.stats().store.syncs
     };
@@ -63,7 +63,7 @@ fn e2_other_file_store_options_apply_and_cannot_be_mixed_with_a_given_store() {
     let e = room("r");
     engine.register(&e).unwrap();
     for _ in 0..20 {
-        engine.append(&e, 0, vec![vec![7; 500]]).unwrap();
+        engine.append(&e, vec![vec![7; 500]]).unwrap();
     }
     assert!(
         engine.stats().store.segments > 1,
@@ -88,9 +88,9 @@ fn e2_register_on_first_write_registers_writes_only_when_asked() {
     let ghost = room("ghost");
     for err in [
         strict
-            .write(&ghost, 0, |_| (vec![b"x".to_vec()], ()))
+            .write(&ghost, |_| (vec![b"x".to_vec()], ()))
             .unwrap_err(),
-        strict.append(&ghost, 0, vec![b"x".to_vec()]).unwrap_err(),
+        strict.append(&ghost, vec![b"x".to_vec()]).unwrap_err(),
         strict.defer(&ghost, b"x".to_vec()).unwrap_err(),
     ] {
         assert!(matches!(err, Error::UnknownEntity(_)), "{err}");
@@ -107,9 +107,9 @@ fn e2_register_on_first_write_registers_writes_only_when_asked() {
         Error::UnknownEntity(_)
     ));
     lenient
-        .write(&room("w"), 0, |_| (vec![b"w".to_vec()], ()))
+        .write(&room("w"), |_| (vec![b"w".to_vec()], ()))
         .unwrap();
-    lenient.append(&room("a"), 0, vec![b"a".to_vec()]).unwrap();
+    lenient.append(&room("a"), vec![b"a".to_vec()]).unwrap();
     lenient.defer(&room("d"), b"d".to_vec()).unwrap();
     for (name, record) in [("w", b"w"), ("a", b"a"), ("d", b"d")] {
         let folded = lenient.read(&room(name), |s| s.records.clone()).unwrap();
@@ -136,15 +136,13 @@ fn l3_checkpoint_every_publishes_a_checkpoint_every_n_records() {
             .map(|c| c.seq)
     };
     engine
-        .append(&e, 0, vec![b"1".to_vec(), b"2".to_vec()])
+        .append(&e, vec![b"1".to_vec(), b"2".to_vec()])
         .unwrap();
     assert_eq!(newest(), None);
-    engine.append(&e, 0, vec![b"3".to_vec()]).unwrap();
+    engine.append(&e, vec![b"3".to_vec()]).unwrap();
     assert_eq!(newest(), Some(3));
     for i in 4..=7 {
-        engine
-            .append(&e, 0, vec![i.to_string().into_bytes()])
-            .unwrap();
+        engine.append(&e, vec![i.to_string().into_bytes()]).unwrap();
     }
     assert_eq!(newest(), Some(6));
     assert!(engine.verify_checkpoint(&e).unwrap());

@@ -71,7 +71,7 @@ fn e1_unknown_entities_are_refused_clearly() {
     let ghost = EntityId::new("test", "ghost").unwrap();
     for err in [
         engine.read(&ghost, |_| ()).unwrap_err(),
-        engine.append(&ghost, 0, vec![b"x".to_vec()]).unwrap_err(),
+        engine.append(&ghost, vec![b"x".to_vec()]).unwrap_err(),
         engine.defer(&ghost, b"x".to_vec()).unwrap_err(),
         engine.checkpoint(&ghost).unwrap_err(),
         engine.release(&ghost).unwrap_err(),
@@ -91,10 +91,10 @@ fn e1_bad_records_are_refused_and_lose_nothing() {
     let engine = builder(&machine, &store).open().unwrap();
     let e = entity(1);
     engine.register(&e).unwrap();
-    engine.append(&e, 0, vec![b"keep".to_vec()]).unwrap();
+    engine.append(&e, vec![b"keep".to_vec()]).unwrap();
     let big = vec![0u8; MAX_RECORD_BYTES + 1];
     let err = engine
-        .append(&e, 0, vec![b"ok".to_vec(), big.clone()])
+        .append(&e, vec![b"ok".to_vec(), big.clone()])
         .unwrap_err();
     assert!(
         matches!(err, Error::TooLarge { what: "record", .. }),
@@ -102,18 +102,16 @@ fn e1_bad_records_are_refused_and_lose_nothing() {
     );
     assert!(matches!(engine.defer(&e, big), Err(Error::TooLarge { .. })));
     let err = engine
-        .append(&e, 0, vec![b"ok".to_vec(), b"!bad".to_vec()])
+        .append(&e, vec![b"ok".to_vec(), b"!bad".to_vec()])
         .unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     assert!(err.to_string().contains("does not decode"));
     assert!(matches!(
-        engine.append(&e, 0, vec![]),
+        engine.append(&e, vec![]),
         Err(Error::InvalidArgument(_))
     ));
     // A decision to write nothing writes nothing.
-    let nothing = engine
-        .write(&e, 0, |s| (Vec::new(), s.records.len()))
-        .unwrap();
+    let nothing = engine.write(&e, |s| (Vec::new(), s.records.len())).unwrap();
     assert_eq!((nothing.seqs, nothing.value), (None, 1));
     assert_eq!(payloads(&engine, &e).unwrap(), vec![b"keep".to_vec()]);
     assert_eq!(
@@ -125,7 +123,7 @@ fn e1_bad_records_are_refused_and_lose_nothing() {
     );
     // A write decided from the state gets the next sequence numbers.
     let w = engine
-        .write(&e, 0, |s| {
+        .write(&e, |s| {
             (vec![format!("n{}", s.records.len()).into_bytes()], ())
         })
         .unwrap();
@@ -139,12 +137,12 @@ fn e1_calls_after_close_answer_closed_and_close_twice_is_harmless() {
     let engine = builder(&machine, &store).open().unwrap();
     let e = entity(1);
     engine.register(&e).unwrap();
-    engine.append(&e, 0, vec![b"x".to_vec()]).unwrap();
+    engine.append(&e, vec![b"x".to_vec()]).unwrap();
     engine.close().unwrap();
     engine.close().unwrap();
     assert!(matches!(engine.read(&e, |_| ()), Err(Error::Closed)));
     assert!(matches!(
-        engine.append(&e, 0, vec![b"y".to_vec()]),
+        engine.append(&e, vec![b"y".to_vec()]),
         Err(Error::Closed)
     ));
     assert!(matches!(
@@ -186,10 +184,10 @@ fn l3_checkpoint_with_truncation_keeps_the_state() {
             .unwrap();
         engine.register(&e).unwrap();
         engine
-            .append(&e, 0, vec![b"1".to_vec(), b"2".to_vec()])
+            .append(&e, vec![b"1".to_vec(), b"2".to_vec()])
             .unwrap();
         assert_eq!(engine.checkpoint(&e).unwrap(), 2);
-        engine.append(&e, 0, vec![b"3".to_vec()]).unwrap();
+        engine.append(&e, vec![b"3".to_vec()]).unwrap();
         assert!(engine.verify_checkpoint(&e).unwrap());
         engine.close().unwrap();
     }
@@ -214,7 +212,7 @@ fn e2_the_file_store_is_the_default_and_survives_a_reopen() {
             .open()
             .unwrap();
         engine.register(&e).unwrap();
-        engine.append(&e, 0, vec![b"durable".to_vec()]).unwrap();
+        engine.append(&e, vec![b"durable".to_vec()]).unwrap();
         engine.close().unwrap();
     }
     let engine = Engine::builder(Arc::clone(&machine))
@@ -235,21 +233,16 @@ fn f3_engine_writes_commit_under_the_grant_epoch_and_stale_grants_are_fenced() {
     let e = entity(1);
     let ns = e.namespace().clone();
     engine.register(&e).unwrap();
-    let grant = engine.current_epoch(&ns).unwrap();
-    assert_eq!(
-        engine.append(&e, grant, vec![b"a".to_vec()]).unwrap(),
-        1..=1
-    );
+    let grant = engine.own(&ns).unwrap();
+    assert_eq!(engine.append(&e, vec![b"a".to_vec()]).unwrap(), 1..=1);
     engine.bump_epoch(&ns, grant + 1).unwrap();
     let mut slices = 0;
     while engine.revoke_step(&ns, RevokeBudget::default()).unwrap() != RevokeProgress::Complete {
         slices += 1;
         assert!(slices < 100, "revocation did not complete");
     }
-    // Planned under the old epoch: refused, nothing written, the state untouched.
-    let err = engine
-        .append(&e, grant, vec![b"stale".to_vec()])
-        .unwrap_err();
+    // Under the old grant: refused, nothing written.
+    let err = engine.append(&e, vec![b"stale".to_vec()]).unwrap_err();
     assert!(
         matches!(
             err,
@@ -260,7 +253,6 @@ fn f3_engine_writes_commit_under_the_grant_epoch_and_stale_grants_are_fenced() {
         ),
         "{err}"
     );
-    assert_eq!(payloads(&engine, &e).unwrap(), vec![b"a".to_vec()]);
     assert_eq!(
         log::read_head(&*store, &e.partition())
             .unwrap()
@@ -268,11 +260,13 @@ fn f3_engine_writes_commit_under_the_grant_epoch_and_stale_grants_are_fenced() {
             .next_seq,
         2
     );
-    // Under the current epoch the entity keeps going, with no gap in its log.
-    assert_eq!(
-        engine.append(&e, grant + 1, vec![b"b".to_vec()]).unwrap(),
-        2..=2
-    );
+    // Deposed until adopted again; then the entity keeps going, with no gap in its log.
+    assert!(matches!(
+        payloads(&engine, &e).unwrap_err(),
+        Error::Fenced { .. }
+    ));
+    assert_eq!(engine.own(&ns).unwrap(), grant + 1);
+    assert_eq!(engine.append(&e, vec![b"b".to_vec()]).unwrap(), 2..=2);
     assert_eq!(
         payloads(&engine, &e).unwrap(),
         vec![b"a".to_vec(), b"b".to_vec()]

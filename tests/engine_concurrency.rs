@@ -32,7 +32,7 @@ fn seeded(n: usize, records: usize) -> Arc<TestStore> {
         engine.register(&entity(i)).unwrap();
         if records > 0 {
             let recs = (0..records).map(|r| vec![r as u8]).collect();
-            engine.append(&entity(i), 0, recs).unwrap();
+            engine.append(&entity(i), recs).unwrap();
         }
     }
     engine.close().unwrap();
@@ -272,7 +272,7 @@ fn r7_whole_engine_answers_fold_every_entity_after_the_warm() {
         for i in 0..20 {
             let recs = (0..i).map(|r| vec![r as u8]).collect::<Vec<_>>();
             if !recs.is_empty() {
-                engine.append(&entity(i), 0, recs).unwrap();
+                engine.append(&entity(i), recs).unwrap();
             }
         }
         engine.close().unwrap();

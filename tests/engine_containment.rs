@@ -22,7 +22,7 @@ fn seeded() -> Arc<TestStore> {
     for i in 0..3 {
         engine.register(&entity(i)).unwrap();
         engine
-            .append(&entity(i), 0, vec![b"a".to_vec(), b"b".to_vec()])
+            .append(&entity(i), vec![b"a".to_vec(), b"b".to_vec()])
             .unwrap();
     }
     engine.close().unwrap();
@@ -49,7 +49,7 @@ fn assert_contained(engine: &TestEngine, machine: &TestMachine, kind: ReasonKind
     let runs = engine.stats().units_run;
     for _ in 0..3 {
         assert_eq!(engine.read(&bad, |_| ()).unwrap_err().to_string(), message);
-        let write = engine.append(&bad, 0, vec![b"c".to_vec()]).unwrap_err();
+        let write = engine.append(&bad, vec![b"c".to_vec()]).unwrap_err();
         assert_eq!(write.to_string(), message);
         assert_eq!(
             engine.defer(&bad, b"d".to_vec()).unwrap_err().to_string(),
@@ -164,7 +164,7 @@ fn r4_a_written_record_that_apply_refuses_contains_the_entity() {
     let (machine, engine) = open(&store);
     engine.read(&entity(1), |_| ()).unwrap();
     let err = engine
-        .append(&entity(1), 0, vec![b"!refuse".to_vec()])
+        .append(&entity(1), vec![b"!refuse".to_vec()])
         .unwrap_err();
     assert!(err.to_string().contains("apply-refusal"), "{err}");
     let again = engine.read(&entity(1), |_| ()).unwrap_err();

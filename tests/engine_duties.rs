@@ -29,7 +29,7 @@ fn r3_work_the_repair_defers_is_drained_before_the_entity_is_served() {
     {
         let engine = builder(&machine, &store).open().unwrap();
         engine.register(&e).unwrap();
-        engine.append(&e, 0, recs(&["one"])).unwrap();
+        engine.append(&e, recs(&["one"])).unwrap();
         crash(engine);
     }
     let engine = builder(&machine, &store).open().unwrap();
@@ -109,9 +109,7 @@ fn r3_owed_checkpoints_are_published_before_deferred_work_and_after_a_repair() {
     {
         let engine = builder(&machine, &store).open().unwrap();
         engine.register(&e).unwrap();
-        engine
-            .append(&e, 0, recs(&["1", "2", "3", "4", "5"]))
-            .unwrap();
+        engine.append(&e, recs(&["1", "2", "3", "4", "5"])).unwrap();
         crash(engine);
     }
     let engine = builder(&machine, &store)
@@ -157,7 +155,7 @@ fn r9_the_warm_summary_names_the_refused_entities() {
         let engine = builder(&machine, &store).open().unwrap();
         for i in 0..22 {
             engine.register(&entity(i)).unwrap();
-            engine.append(&entity(i), 0, recs(&["ok"])).unwrap();
+            engine.append(&entity(i), recs(&["ok"])).unwrap();
         }
         engine.close().unwrap();
     }

@@ -28,7 +28,7 @@ fn r11_dropping_an_engine_closes_it_cleanly() {
     {
         let engine = builder(&machine, &store).open().unwrap();
         engine.register(&e).unwrap();
-        engine.append(&e, 0, recs(&["one"])).unwrap();
+        engine.append(&e, recs(&["one"])).unwrap();
         let clone = engine.clone();
         drop(engine);
         // A clone still holds it open.
@@ -102,9 +102,9 @@ impl FenceHooks for SliceThreads {
 /// `close` stops it (it reports `complete: false`) instead of leaving it running.
 #[test]
 fn r11_close_stops_the_revocation_driver_which_runs_on_the_engines_pool() {
-    let store = TestStore::new();
-    let machine = Arc::new(TestMachine::default());
     let clock = Arc::new(ManualClock::new(100_000));
+    let store = TestStore::with_clock(clock.clone());
+    let machine = Arc::new(TestMachine::default());
     let engine = builder(&machine, &store)
         .clock(clock.clone())
         .open()

@@ -28,7 +28,7 @@ fn seeded(n: usize) -> Arc<TestStore> {
     let engine = builder(&machine, &store).open().unwrap();
     for i in 0..n {
         engine.register(&entity(i)).unwrap();
-        engine.append(&entity(i), 0, recs(&["r"])).unwrap();
+        engine.append(&entity(i), recs(&["r"])).unwrap();
     }
     engine.close().unwrap();
     store
@@ -103,14 +103,14 @@ fn r11_metrics_hooks_may_call_back_into_the_engine() {
         let engine = engine.clone();
         let b = b.clone();
         within("an append whose hook reads the same entity", move || {
-            engine.append(&b, 0, recs(&["x"])).unwrap()
+            engine.append(&b, recs(&["x"])).unwrap()
         });
     }
     {
         let engine = engine.clone();
         let b = b.clone();
         let refused = within("a write whose refusal hook calls back", move || {
-            engine.append(&b, 0, recs(&["!refuse"]))
+            engine.append(&b, recs(&["!refuse"]))
         });
         assert!(
             matches!(refused, Err(Error::Contained { .. })),
@@ -193,7 +193,7 @@ fn r11_closures_that_call_back_for_an_entity_are_refused_not_deadlocked() {
                     (
                         engine.read(&a, |s| s.records.len()),
                         engine.read(&b, |s| s.records.len()),
-                        engine.append(&a, 0, recs(&["x"])),
+                        engine.append(&a, recs(&["x"])),
                         engine.defer(&b, b"x".to_vec()),
                         engine.checkpoint(&a),
                         engine.close(),
@@ -217,7 +217,7 @@ fn r11_closures_that_call_back_for_an_entity_are_refused_not_deadlocked() {
         let a = a.clone();
         within("a write's decide calling back in", move || {
             engine
-                .write(&a, 0, |_| {
+                .write(&a, |_| {
                     let inner = engine.read(&a, |_| ());
                     (recs(&["y"]), inner)
                 })

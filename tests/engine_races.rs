@@ -33,7 +33,7 @@ fn l4_an_audit_racing_a_checkpoint_with_truncation_contains_nothing() {
         let engine = builder(&machine, &store).open().unwrap();
         engine.register(&e).unwrap();
         let many: Vec<Vec<u8>> = (0..600u32).map(|i| i.to_le_bytes().to_vec()).collect();
-        engine.append(&e, 0, many).unwrap();
+        engine.append(&e, many).unwrap();
         engine.close().unwrap();
     }
     // The unit owes a checkpoint (a long tail) and publishes it without truncating, so the
@@ -75,7 +75,7 @@ fn l4_an_audit_does_not_adopt_a_checkpoint_replaced_during_its_walk() {
     let e = entity(1);
     let engine = builder(&machine, &store).open().unwrap();
     engine.register(&e).unwrap();
-    engine.append(&e, 0, recs(&["a", "b", "c"])).unwrap();
+    engine.append(&e, recs(&["a", "b", "c"])).unwrap();
     engine.checkpoint(&e).unwrap();
     let fired = Arc::new(AtomicBool::new(false));
     {
@@ -116,7 +116,7 @@ fn r4_a_release_racing_a_refused_write_never_serves_stale_state() {
     let e = entity(1);
     let engine = builder(&machine, &store).open().unwrap();
     engine.register(&e).unwrap();
-    engine.append(&e, 0, recs(&["r"])).unwrap();
+    engine.append(&e, recs(&["r"])).unwrap();
     engine.checkpoint(&e).unwrap();
     // The writer decides (holding the entity) and waits for a go before committing.
     let (in_decide_tx, in_decide_rx) = channel::bounded::<()>(1);
@@ -125,7 +125,7 @@ fn r4_a_release_racing_a_refused_write_never_serves_stale_state() {
         let engine = engine.clone();
         let e = e.clone();
         std::thread::spawn(move || {
-            engine.write(&e, 0, |_| {
+            engine.write(&e, |_| {
                 in_decide_tx.send(()).unwrap();
                 go_rx.recv().unwrap();
                 (recs(&["!refuse"]), ())
@@ -214,7 +214,7 @@ fn r5_a_panic_between_a_writes_commit_and_its_fold_fails_closed() {
     let e = entity(1);
     let engine = builder(&machine, &store).open().unwrap();
     engine.register(&e).unwrap();
-    engine.append(&e, 0, recs(&["a"])).unwrap();
+    engine.append(&e, recs(&["a"])).unwrap();
     let armed = Arc::new(AtomicBool::new(true));
     {
         let armed = Arc::clone(&armed);
@@ -224,7 +224,7 @@ fn r5_a_panic_between_a_writes_commit_and_its_fold_fails_closed() {
             }
         });
     }
-    let unwound = catch_unwind(AssertUnwindSafe(|| engine.append(&e, 0, recs(&["b"]))));
+    let unwound = catch_unwind(AssertUnwindSafe(|| engine.append(&e, recs(&["b"]))));
     store.clear_hooks();
     assert!(unwound.is_err(), "the panic reaches the caller");
     let err = engine.read(&e, |s| s.records.len()).unwrap_err();

@@ -35,7 +35,7 @@ fn r1_open_reads_no_entity_and_serves_at_once() {
         let engine = builder(&machine, &store).open().unwrap();
         for i in 0..50 {
             engine.register(&entity(i)).unwrap();
-            engine.append(&entity(i), 0, recs(&["a", "b"])).unwrap();
+            engine.append(&entity(i), recs(&["a", "b"])).unwrap();
         }
         engine.close().unwrap();
     }
@@ -66,7 +66,7 @@ fn r2_every_path_shares_one_unit() {
     let e = entity(1);
     engine.register(&e).unwrap();
     engine.read(&e, |_| ()).unwrap();
-    engine.append(&e, 0, recs(&["x"])).unwrap();
+    engine.append(&e, recs(&["x"])).unwrap();
     engine.checkpoint(&e).unwrap();
     assert_eq!(
         engine.defer(&e, b"y".to_vec()).unwrap(),
@@ -86,11 +86,9 @@ fn r3_restore_loads_the_checkpoint_and_replays_only_the_tail() {
     {
         let engine = builder(&machine, &store).open().unwrap();
         engine.register(&e).unwrap();
-        engine
-            .append(&e, 0, recs(&["1", "2", "3", "4", "5"]))
-            .unwrap();
+        engine.append(&e, recs(&["1", "2", "3", "4", "5"])).unwrap();
         assert_eq!(engine.checkpoint(&e).unwrap(), 5);
-        engine.append(&e, 0, recs(&["6", "7", "8"])).unwrap();
+        engine.append(&e, recs(&["6", "7", "8"])).unwrap();
         engine.close().unwrap();
     }
     let reports = Arc::new(Reports::default());
@@ -118,7 +116,7 @@ fn r3_a_long_tail_publishes_an_owed_checkpoint() {
         let engine = builder(&machine, &store).open().unwrap();
         engine.register(&e).unwrap();
         for i in 0..10 {
-            engine.append(&e, 0, vec![vec![i]]).unwrap();
+            engine.append(&e, vec![vec![i]]).unwrap();
         }
         engine.close().unwrap();
     }
@@ -179,7 +177,7 @@ fn r8_deferred_work_is_durable_when_accepted_and_applied_in_arrival_order() {
     {
         let engine = builder(&machine, &store).open().unwrap();
         engine.register(&e).unwrap();
-        engine.append(&e, 0, recs(&["a"])).unwrap();
+        engine.append(&e, recs(&["a"])).unwrap();
         engine.close().unwrap();
     }
     {
@@ -239,7 +237,7 @@ fn r3_repair_runs_exactly_once_per_entity_and_unclean_incarnation() {
         assert_eq!((engine.incarnation(), engine.unclean_previous()), (1, None));
         engine.register(&a).unwrap();
         engine.register(&b).unwrap();
-        engine.append(&a, 0, recs(&["x"])).unwrap();
+        engine.append(&a, recs(&["x"])).unwrap();
         crash(engine); // crash
     }
     assert!(
@@ -331,7 +329,7 @@ fn l4_a_checkpoint_that_does_not_match_its_history_is_contained() {
         let engine = builder(&machine, &store).open().unwrap();
         for x in [&e, &other] {
             engine.register(x).unwrap();
-            engine.append(x, 0, recs(&["a", "b", "c"])).unwrap();
+            engine.append(x, recs(&["a", "b", "c"])).unwrap();
             engine.checkpoint(x).unwrap();
         }
         engine.close().unwrap();
@@ -377,8 +375,8 @@ fn l4_a_checkpoint_that_does_not_match_its_history_is_contained() {
     );
 }
 
-/// R2: a revocation push is a touch: the pending entity is restored (once) before its lease is
-/// pushed, like on every other path.
+/// R2: a revocation push is a touch: the pending entity of a namespace the engine serves is
+/// restored (once) before its lease is pushed, like on every other path.
 #[test]
 fn r2_a_revocation_push_restores_the_entity_first() {
     use portcullis::fence::{RevokeBudget, RevokeProgress};
@@ -389,12 +387,13 @@ fn r2_a_revocation_push_restores_the_entity_first() {
         let engine = builder(&machine, &store).open().unwrap();
         engine.register(&e).unwrap();
         // A fenced write takes a lease, so revocation will have to push to this entity.
-        engine.append(&e, 0, recs(&["a"])).unwrap();
+        engine.append(&e, recs(&["a"])).unwrap();
         engine.close().unwrap();
     }
     assert_eq!(machine.units_of(&e), 1);
     let engine = builder(&machine, &store).open().unwrap();
     assert_eq!(machine.units_of(&e), 1, "open restores nothing");
+    engine.own(e.namespace()).unwrap();
     engine.bump_epoch(e.namespace(), 1).unwrap();
     let mut steps = 0;
     while engine
@@ -413,7 +412,7 @@ fn r2_a_revocation_push_restores_the_entity_first() {
 }
 
 /// R3: a repair owed after a crash is not lost when the next incarnation closes cleanly before
-/// restoring every entity: the obligation is carried to the following incarnation.
+/// restoring every entity: the obligation is carried to the following holder of the namespace.
 #[test]
 fn r3_an_owed_repair_survives_a_clean_close_that_restored_nothing() {
     let store = TestStore::new();
@@ -424,7 +423,7 @@ fn r3_an_owed_repair_survives_a_clean_close_that_restored_nothing() {
         let engine = builder(&machine, &store).open().unwrap();
         engine.register(&a).unwrap();
         engine.register(&b).unwrap();
-        engine.append(&a, 0, recs(&["one"])).unwrap();
+        engine.append(&a, recs(&["one"])).unwrap();
         crash(engine); // crash
     }
     {
@@ -436,10 +435,11 @@ fn r3_an_owed_repair_survives_a_clean_close_that_restored_nothing() {
     }
     {
         let engine = builder(&machine, &store).open().unwrap();
+        assert_eq!(engine.unclean_previous(), None, "2 closed cleanly");
         assert_eq!(
-            engine.unclean_previous(),
-            Some(1),
-            "the repair for 1 is still owed"
+            engine.owed_repairs(a.namespace()).unwrap(),
+            vec![1],
+            "the repair for term 1 is still owed"
         );
         assert_eq!(payloads(&engine, &a).unwrap(), recs(&["one", "repaired"]));
         assert_eq!(
@@ -451,8 +451,8 @@ fn r3_an_owed_repair_survives_a_clean_close_that_restored_nothing() {
     }
     let engine = builder(&machine, &store).open().unwrap();
     assert_eq!(
-        engine.unclean_previous(),
-        None,
+        engine.owed_repairs(a.namespace()).unwrap(),
+        Vec::<u64>::new(),
         "every entity got its repair"
     );
     let repairs: Vec<(EntityId, u64)> = machine.repairs.lock().clone();
@@ -480,7 +480,7 @@ fn r3_apply_learns_whether_a_record_is_replayed_deferred_repaired_or_live() {
     {
         let engine = builder(&machine, &store).open().unwrap();
         engine.register(&e).unwrap();
-        engine.append(&e, 0, recs(&["one"])).unwrap();
+        engine.append(&e, recs(&["one"])).unwrap();
         crash(engine);
     }
     assert_eq!(origins(&machine), vec![(1, Origin::Live)]);

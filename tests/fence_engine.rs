@@ -20,9 +20,9 @@ fn engine_fence_refuses_writes_to_reserved_rows() {
     let engine = builder(&machine, &store).open().unwrap();
     let e = entity(1);
     engine.register(&e).unwrap();
-    engine.append(&e, 0, vec![b"one".to_vec()]).unwrap();
+    engine.append(&e, vec![b"one".to_vec()]).unwrap();
     engine.checkpoint(&e).unwrap();
-    engine.append(&e, 0, vec![b"two".to_vec()]).unwrap();
+    engine.append(&e, vec![b"two".to_vec()]).unwrap();
 
     let reserved: Vec<Vec<u8>> = vec![
         portcullis::log::keys::head_key(),
@@ -79,7 +79,7 @@ fn engine_fence_refuses_writes_to_reserved_rows() {
     ));
     // Writes through the engine still commit, and a restore from the store (a new engine
     // over it) finds the whole history intact.
-    engine.append(&e, 0, vec![b"three".to_vec()]).unwrap();
+    engine.append(&e, vec![b"three".to_vec()]).unwrap();
     engine.close().unwrap();
     let engine = builder(&machine, &store).open().unwrap();
     assert_eq!(

@@ -76,12 +76,10 @@ fn e6_typed_records_fold_checkpoint_and_restore_after_restart() {
         let engine = builder(&store).open().unwrap();
         engine.register(&room).unwrap();
         engine
-            .append_typed(&room, 0, &[joined("ann"), said("ann", "hi")])
+            .append_typed(&room, &[joined("ann"), said("ann", "hi")])
             .unwrap();
         assert_eq!(engine.checkpoint(&room).unwrap(), 2);
-        engine
-            .append_typed(&room, 0, &[said("ann", "bye")])
-            .unwrap();
+        engine.append_typed(&room, &[said("ann", "bye")]).unwrap();
         let state = engine.read(&room, Room::clone).unwrap();
         assert_eq!(state.lines.len(), 2);
         engine.close().unwrap();
@@ -114,9 +112,9 @@ fn e6_raw_bytes_stay_available_and_undecodable_ones_are_refused() {
     engine.register(&room).unwrap();
     // Bytes that decode as a record are accepted through the raw call.
     let raw = portcullis::typed::encode(&joined("bo")).unwrap();
-    assert_eq!(engine.append(&room, 0, vec![raw]).unwrap(), 1..=1);
+    assert_eq!(engine.append(&room, vec![raw]).unwrap(), 1..=1);
     // Bytes that do not decode never enter history.
-    let err = engine.append(&room, 0, vec![vec![0xff; 3]]).unwrap_err();
+    let err = engine.append(&room, vec![vec![0xff; 3]]).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     let err = engine.defer(&room, vec![9]).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
@@ -132,7 +130,7 @@ fn e6_write_typed_decides_on_the_state_and_may_write_nothing() {
     engine.register(&room).unwrap();
     let speak = |user: &'static str| {
         engine
-            .write_typed(&room, 0, move |r: &Room| {
+            .write_typed(&room, move |r: &Room| {
                 if r.members.iter().any(|m| m == user) {
                     (vec![said(user, "hello")], true)
                 } else {
@@ -144,7 +142,7 @@ fn e6_write_typed_decides_on_the_state_and_may_write_nothing() {
     let refused = speak("cy");
     assert!(!refused.value);
     assert_eq!(refused.seqs, None);
-    engine.append_typed(&room, 0, &[joined("cy")]).unwrap();
+    engine.append_typed(&room, &[joined("cy")]).unwrap();
     let spoken = speak("cy");
     assert!(spoken.value);
     assert_eq!(spoken.seqs, Some(2..=2));
@@ -164,7 +162,7 @@ fn e6_a_record_that_does_not_decode_in_history_contains_only_its_entity() {
         let engine = builder(&store).open().unwrap();
         engine.register(&bad).unwrap();
         engine.register(&good).unwrap();
-        engine.append_typed(&good, 0, &[joined("ann")]).unwrap();
+        engine.append_typed(&good, &[joined("ann")]).unwrap();
         engine.close().unwrap();
     }
     // Written below the engine, as a damaged or foreign writer would: no validation there.
@@ -191,10 +189,10 @@ fn l2_history_is_an_iterator_over_pages_and_refuses_unknown_entities() {
     let engine = builder(&store).open().unwrap();
     let room = EntityId::new("chat", "long").unwrap();
     engine.register(&room).unwrap();
-    engine.append_typed(&room, 0, &[joined("ann")]).unwrap();
+    engine.append_typed(&room, &[joined("ann")]).unwrap();
     // More than one page of history (pages are 256 records).
     let lines: Vec<Msg> = (0..600).map(|i| said("ann", &i.to_string())).collect();
-    engine.append_typed(&room, 0, &lines).unwrap();
+    engine.append_typed(&room, &lines).unwrap();
     let seqs: Vec<u64> = engine
         .history(&room, 1)
         .unwrap()

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::Engine;
+use super::owner::Mode;
 use crate::clock::{SharedClock, SystemClock};
+use crate::entity::Namespace;
 use crate::error::{Error, Result};
 use crate::fence::FenceConfig;
 use crate::restore::{Metrics, StateMachine};
@@ -40,7 +42,7 @@ use crate::store::{FileStore, FileStoreBuilder, Store, SyncPolicy};
 ///     .unwrap();
 /// let room = EntityId::new("chat", "room-1").unwrap();
 /// engine.register(&room).unwrap();
-/// engine.append(&room, 0, vec![b"hi".to_vec()]).unwrap();
+/// engine.append(&room, vec![b"hi".to_vec()]).unwrap();
 /// assert_eq!(engine.read(&room, |n| *n).unwrap(), 1);
 /// engine.close().unwrap();
 /// ```
@@ -48,7 +50,10 @@ pub struct EngineBuilder<M: StateMachine> {
     pub(crate) machine: M,
     pub(crate) store: Option<Arc<dyn Store>>,
     pub(crate) directory: Option<PathBuf>,
-    pub(crate) clock: SharedClock,
+    pub(crate) clock: Option<SharedClock>,
+    pub(crate) owner: String,
+    pub(crate) adopt_on_first_use: bool,
+    pub(crate) own: Vec<(Namespace, Mode)>,
     pub(crate) pool_threads: usize,
     pub(crate) close_timeout: std::time::Duration,
     pub(crate) warm_parallelism: usize,
@@ -90,7 +95,10 @@ impl<M: StateMachine> EngineBuilder<M> {
             machine,
             store: None,
             directory: None,
-            clock: Arc::new(SystemClock),
+            clock: None,
+            owner: super::incarnation::DEFAULT_OWNER.to_string(),
+            adopt_on_first_use: true,
+            own: Vec::new(),
             pool_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             close_timeout: std::time::Duration::from_secs(30),
             warm_parallelism: 4,
@@ -197,7 +205,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     ///     .register_on_first_write(true)
     ///     .open()?;
     /// let new = EntityId::new("counters", "first")?;
-    /// engine.append_typed(&new, 0, &[()])?; // no register call needed
+    /// engine.append_typed(&new, &[()])?; // no register call needed
     /// assert_eq!(engine.read(&new, |n| *n)?, 1);
     /// # Ok::<(), portcullis::Error>(())
     /// ```
@@ -234,9 +242,42 @@ impl<M: StateMachine> EngineBuilder<M> {
         self
     }
 
-    /// The clock the engine reads (SPEC E4). Default: the system clock.
+    /// The clock (SPEC E4). One clock serves the engine, the fence and the store: with
+    /// [`directory`](Self::directory) the store is opened with this clock; with
+    /// [`store`](Self::store) the engine reads the store's own clock, and `open` refuses a
+    /// clock that disagrees with it (give the store the same clock instead). Default: the
+    /// system clock, or the given store's clock.
     pub fn clock(mut self, clock: SharedClock) -> Self {
-        self.clock = clock;
+        self.clock = Some(clock);
+        self
+    }
+
+    /// The owner id this engine serves namespaces as (SPEC F11). Engines sharing one store
+    /// need distinct ids; each id has its own incarnations, and a namespace's owner row names
+    /// the id holding it. 1 to 64 bytes of `[a-z0-9._-]`. Default: `"default"`.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = owner.into();
+        self
+    }
+
+    /// Adopts `ns` at open, as [`Engine::own`] would (SPEC F11). May be given several times.
+    pub fn own(mut self, ns: Namespace) -> Self {
+        self.own.push((ns, Mode::Fenced));
+        self
+    }
+
+    /// Adopts `ns` unfenced at open, as [`Engine::own_unfenced`] would.
+    pub fn own_unfenced(mut self, ns: Namespace) -> Self {
+        self.own.push((ns, Mode::Unfenced));
+        self
+    }
+
+    /// Whether the first call on a namespace nobody holds adopts it, as [`Engine::own`]
+    /// would (SPEC F11). It never adopts a namespace another owner holds at its current epoch,
+    /// nor one this engine was fenced out of or released. Turn it off when namespaces move
+    /// between engines, so that only an explicit [`Engine::own`] serves one. Default: true.
+    pub fn adopt_on_first_use(mut self, adopt: bool) -> Self {
+        self.adopt_on_first_use = adopt;
         self
     }
 
@@ -314,8 +355,8 @@ impl<M: StateMachine> EngineBuilder<M> {
         self
     }
 
-    /// Opens the engine: records the new incarnation, registers every entity found as pending,
-    /// and returns at once (SPEC R1).
+    /// Opens the engine: records the new incarnation, adopts the namespaces given with
+    /// [`own`](Self::own), and returns at once (SPEC R1).
     pub fn open(mut self) -> Result<Engine<M>> {
         if self.pool_threads == 0 || self.warm_parallelism == 0 {
             return Err(Error::invalid(
@@ -331,19 +372,54 @@ impl<M: StateMachine> EngineBuilder<M> {
                  given with EngineBuilder::store: configure that store instead",
             ));
         }
-        if self.store.is_none() {
-            let Some(dir) = &self.directory else {
-                return Err(Error::invalid(
-                    "no store configured: pass a directory (EngineBuilder::directory) or a store",
-                ));
-            };
-            let mut builder = FileStore::builder(dir);
-            for configure in self.file_store.drain(..) {
-                builder = configure(builder);
+        super::incarnation::check_owner(&self.owner)?;
+        let (store, owns_store) = match &self.store {
+            Some(store) => {
+                if let Some(clock) = &self.clock {
+                    check_one_clock(clock, &**store)?;
+                }
+                (Arc::clone(store), false)
             }
-            let store = builder.clock(Arc::clone(&self.clock)).open()?;
-            self.store = Some(Arc::new(store));
-        }
-        Engine::open_with(self)
+            None => {
+                let Some(dir) = &self.directory else {
+                    return Err(Error::invalid(
+                        "no store configured: pass a directory (EngineBuilder::directory) or a store",
+                    ));
+                };
+                let clock = self
+                    .clock
+                    .clone()
+                    .unwrap_or_else(|| Arc::new(SystemClock) as SharedClock);
+                let mut builder = FileStore::builder(dir);
+                for configure in self.file_store.drain(..) {
+                    builder = configure(builder);
+                }
+                let store: Arc<dyn Store> = Arc::new(builder.clock(clock).open()?);
+                (store, true)
+            }
+        };
+        Engine::open_with(self, store, owns_store)
     }
+}
+
+/// How far apart (ms) the given clock and the store's may read at open and still be taken for
+/// one clock: enough for two reads of the same system clock, far below any lease margin.
+const CLOCK_TOLERANCE_MS: u64 = 50;
+
+/// SPEC E4: refuses a clock that is not the store's. Reads the clock, the store's clock, then
+/// the clock again; the store's reading must fall between the two (within a small tolerance).
+fn check_one_clock(clock: &SharedClock, store: &dyn Store) -> Result<()> {
+    let before = clock.now_ms();
+    let theirs = store.now_ms();
+    let after = clock.now_ms();
+    if theirs.saturating_add(CLOCK_TOLERANCE_MS) < before
+        || theirs > after.saturating_add(CLOCK_TOLERANCE_MS)
+    {
+        return Err(Error::invalid(format!(
+            "the engine's clock reads {before} ms but the store's reads {theirs} ms: one clock must \
+             serve engine, fence and store (SPEC E4); give the store the same clock (for example \
+             MemoryStore::with_clock), or leave EngineBuilder::clock unset to use the store's"
+        )));
+    }
+    Ok(())
 }

@@ -1,13 +1,96 @@
-//! Epoch fencing through the engine (SPEC E2: bump, revoke, mark recovered). Writes commit
-//! through the same [`Fence`]; see [`Engine::write`].
+//! Ownership and epoch fencing through the engine (SPEC E2, F11: own, release, bump, revoke,
+//! mark recovered). Every engine write commits through the same [`Fence`] under the grant of
+//! the namespace's holding; see `owner` and `owned_store`.
 
 use super::Engine;
+use super::owner::Mode;
 use crate::entity::Namespace;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fence::{Fence, RevokeBudget, RevokeProgress};
 use crate::restore::StateMachine;
 
 impl<M: StateMachine> Engine<M> {
+    /// Adopts a namespace: from now on this engine serves it under the namespace's current
+    /// epoch, the grant every write it makes to an entity of the namespace commits under
+    /// (SPEC F11). Returns the grant.
+    ///
+    /// Adopting a namespace this engine already serves returns its grant. Adopting one this
+    /// engine was fenced out of (or released) takes it again at the current epoch and restores
+    /// its entities afresh; do that only once this engine should own it again.
+    ///
+    /// Refused with [`Error::NotServed`] while another owner holds the namespace at the current
+    /// epoch: to take it over, bump the epoch ([`Engine::bump_epoch`]) and run
+    /// [`Engine::revoke_step`] until it answers `Complete` first, so no write of the old owner
+    /// can commit any more. A take-over from an owner that did not release the namespace (it
+    /// died, or was deposed) runs the unclean-restart repair once per entity (SPEC R3).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use portcullis::{Engine, EntityId, Namespace, store::{MemoryStore, Store}};
+    /// # use portcullis::restore::{Rejection, StateMachine};
+    /// # struct Count;
+    /// # impl StateMachine for Count {
+    /// #     type State = u64;
+    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: &[u8]) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn encode_checkpoint(&self, s: &u64) -> Vec<u8> { s.to_le_bytes().to_vec() }
+    /// #     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<u64, Rejection> {
+    /// #         Ok(u64::from_le_bytes(b.try_into().unwrap()))
+    /// #     }
+    /// # }
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let ns = Namespace::new("chat").unwrap();
+    /// let a = Engine::builder(Count).store(store.clone()).owner("a").adopt_on_first_use(false).open().unwrap();
+    /// let b = Engine::builder(Count).store(store).owner("b").adopt_on_first_use(false).open().unwrap();
+    /// assert_eq!(a.own(&ns).unwrap(), 0);
+    /// assert!(b.own(&ns).is_err(), "a holds it");
+    /// // b takes it over: bump, revoke to Complete, adopt.
+    /// b.bump_epoch(&ns, 1).unwrap();
+    /// while b.revoke_step(&ns, Default::default()).unwrap() != portcullis::fence::RevokeProgress::Complete {}
+    /// assert_eq!(b.own(&ns).unwrap(), 1);
+    /// ```
+    pub fn own(&self, ns: &Namespace) -> Result<u64> {
+        let _open = self.enter()?;
+        self.inner.owners.adopt(ns, Mode::Fenced, false)
+    }
+
+    /// Adopts a namespace unfenced (SPEC F11; for applications that never hand it over): writes carry no
+    /// lease guard and leave no leased-shard rows, so they cost no fencing store calls, and a
+    /// bump of the namespace's epoch through this engine is refused. Refused for a namespace
+    /// that has ever been bumped.
+    pub fn own_unfenced(&self, ns: &Namespace) -> Result<()> {
+        let _open = self.enter()?;
+        self.inner
+            .owners
+            .adopt(ns, Mode::Unfenced, false)
+            .map(|_| ())
+    }
+
+    /// Stops serving a namespace and records that in its owner row, so the next owner takes it
+    /// over cleanly (no repair for this engine's term). Repairs this engine owed the namespace
+    /// stay owed unless it restored every entity of it. Later calls for the namespace answer
+    /// [`Error::NotServed`] until [`Engine::own`]. Releasing a namespace this engine does not
+    /// serve does nothing.
+    pub fn release_namespace(&self, ns: &Namespace) -> Result<()> {
+        let _open = self.enter()?;
+        let all_repaired = self.inner.restorer.all_restored_in(ns);
+        self.inner.owners.release(ns, all_repaired)
+    }
+
+    /// The grant this engine serves a namespace under, if it serves it now (not deposed,
+    /// released or never adopted). Answers from memory.
+    pub fn grant(&self, ns: &Namespace) -> Option<u64> {
+        self.inner.owners.held(ns).map(|h| h.grant)
+    }
+
+    /// The terms of the namespace whose unclean-restart repairs this engine runs as it restores
+    /// entities (one per holder that ended without releasing the namespace, SPEC R3), adopting
+    /// the namespace first if adoption on first use is on.
+    pub fn owed_repairs(&self, ns: &Namespace) -> Result<Vec<u64>> {
+        let _open = self.enter()?;
+        Ok(self.inner.owners.serving(ns)?.owed.to_vec())
+    }
+
     /// The epoch fence the engine's writes commit through, for everything else it offers
     /// (background revocation, the sweeper, statistics).
     pub fn fence(&self) -> &Fence {
@@ -20,9 +103,20 @@ impl<M: StateMachine> Engine<M> {
         self.inner.fence.current_epoch(ns)
     }
 
-    /// Advances a namespace's epoch to `new` (SPEC F1).
+    /// Advances a namespace's epoch to `new` (SPEC F1): the first step of a take-over. Refused
+    /// for a namespace this engine serves unfenced.
     pub fn bump_epoch(&self, ns: &Namespace, new: u64) -> Result<()> {
         let _open = self.enter()?;
+        if self
+            .inner
+            .owners
+            .held(ns)
+            .is_some_and(|h| h.mode == Mode::Unfenced)
+        {
+            return Err(Error::invalid(format!(
+                "namespace {ns} is served unfenced, so it cannot be bumped; release it and adopt it fenced first"
+            )));
+        }
         self.inner.fence.bump_epoch(ns, new)
     }
 

@@ -84,7 +84,7 @@ impl<M: StateMachine> Engine<M> {
     /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
     /// let room = EntityId::new("chat", "lobby")?;
     /// engine.register(&room)?;
-    /// engine.append_typed(&room, 0, &["a".to_string(), "b".to_string(), "c".to_string()])?;
+    /// engine.append_typed(&room, &["a".to_string(), "b".to_string(), "c".to_string()])?;
     /// let seqs: Vec<u64> = engine.history(&room, 2)?.map(|r| r.map(|r| r.seq)).collect::<Result<_, _>>()?;
     /// assert_eq!(seqs, [2, 3]);
     /// # Ok::<(), portcullis::Error>(())

@@ -85,7 +85,10 @@ impl<M: StateMachine> Engine<M> {
 
     /// Closes the engine (SPEC R11): later calls answer [`Error::Closed`]; the warm and every
     /// background driver are stopped; calls in flight are waited for; then a clean shutdown
-    /// is recorded and the store closed. Closing twice is harmless (the second close answers
+    /// is recorded, every namespace this engine serves is released (SPEC F11), and the store
+    /// is closed if this engine opened it from a directory (a store handed in with
+    /// [`EngineBuilder::store`](super::EngineBuilder::store) belongs to the caller and stays
+    /// open for other engines). Closing twice is harmless (the second close answers
     /// `Ok` at once). Dropping the last handle closes the same way, logging any error: call
     /// `close` to get the error.
     ///
@@ -142,10 +145,23 @@ impl<M: StateMachine> Inner<M> {
                 retry_after_ms: 0,
             });
         }
-        let phases = self.restorer.phase_counts();
-        let all_restored = phases.restored == phases.entities;
-        incarnation::end_clean(&*self.store, &self.incarnation, all_restored)?;
-        self.store.close()
+        // Release every namespace this engine serves, so the next holder owes no repair for
+        // this term; owed repairs pass on unless every entity of the namespace was restored
+        // here (an error listing them keeps them owed, SPEC F11).
+        let mut first_error = None;
+        for (ns, _) in self.owners.all_held() {
+            let all_repaired = self.restorer.all_restored_in(&ns);
+            if let Err(e) = self.owners.release(&ns, all_repaired) {
+                ::log::warn!("could not release namespace {ns} at close: {e}");
+                first_error.get_or_insert(e);
+            }
+        }
+        incarnation::end_clean(&*self.store, &self.incarnation)?;
+        // The store belongs to whoever opened it: only one opened from a directory is closed.
+        if self.owns_store {
+            self.store.close()?;
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Stops the current warm and waits for it until `deadline`; returns whether it ended.

@@ -14,6 +14,8 @@ mod history;
 mod incarnation;
 mod lifecycle;
 mod options;
+mod owned_store;
+mod owner;
 mod stats;
 mod write;
 
@@ -27,14 +29,16 @@ pub(crate) use incarnation::describe as describe_incarnation;
 pub use stats::EngineStats;
 pub use write::{Deferred, Written};
 
-use crate::clock::SharedClock;
-use crate::entity::EntityId;
+use crate::clock::{Clock, SharedClock};
+use crate::entity::{EntityId, Namespace};
 use crate::error::{Error, Result};
 use crate::fence::Fence;
 use crate::log::{self, Guarded};
 use crate::restore::{self, Containment, ReasonKind, RestoreConfig, Restorer, StateMachine, Warm};
 use crate::store::Store;
 use incarnation::Incarnation;
+use owned_store::OwnedStore;
+use owner::Owners;
 
 /// How many times [`Engine::verify_checkpoint`] audits again when the checkpoint or history
 /// root moved during its walk.
@@ -66,7 +70,15 @@ impl<M: StateMachine> std::fmt::Debug for Engine<M> {
 
 struct Inner<M: StateMachine> {
     restorer: Arc<Restorer<M>>,
+    /// The store itself: reads, and rows outside entity partitions.
     store: Arc<dyn Store>,
+    /// The store as the engine writes entities: every batch fenced under its namespace's
+    /// holding (SPEC F11).
+    owned: Arc<OwnedStore>,
+    /// The namespaces this engine serves.
+    owners: Arc<Owners>,
+    /// Whether this engine opened the store itself (from a directory) and so closes it.
+    owns_store: bool,
     /// The engine's pool: the warm and background drivers run here (SPEC R6, R11).
     pool: Arc<rayon::ThreadPool>,
     clock: SharedClock,
@@ -92,21 +104,48 @@ impl<M: StateMachine> Engine<M> {
         EngineBuilder::new(machine)
     }
 
-    fn open_with(config: EngineBuilder<M>) -> Result<Self> {
-        let store = config.store.expect("checked by the builder");
-        let store_for_fence = Arc::clone(&store);
-        let incarnation = incarnation::begin(&*store)?;
+    fn open_with(
+        config: EngineBuilder<M>,
+        store: Arc<dyn Store>,
+        owns_store: bool,
+    ) -> Result<Self> {
+        // One clock (SPEC E4): the engine and the fence read the store's clock, the one
+        // `NotAfter` deadlines are checked against.
+        let clock: SharedClock = Arc::new(StoreClock(Arc::clone(&store)));
+        let incarnation = incarnation::begin(&*store, &config.owner)?;
+        let fence = Fence::new(Arc::clone(&store), Arc::clone(&clock), config.fence);
+        let owners = Arc::new(Owners::new(
+            Arc::clone(&store),
+            fence.clone(),
+            config.owner.clone(),
+            incarnation.number,
+            config.adopt_on_first_use,
+        ));
+        let owned = Arc::new(OwnedStore::new(
+            Arc::clone(&store),
+            fence.clone(),
+            Arc::clone(&owners),
+        ));
+        let owners_for_units = Arc::clone(&owners);
         let restore_config = RestoreConfig {
             checkpoint_tail_bound: config.checkpoint_tail_bound,
             incarnation: incarnation.number,
-            unclean_previous: incarnation.unclean_previous,
+            owed_repairs: Arc::new(move |ns: &Namespace| {
+                owners_for_units.serving(ns).map(|h| h.owed)
+            }),
         };
         let restorer = Arc::new(Restorer::new(
-            Arc::clone(&store),
+            Arc::clone(&owned) as Arc<dyn Store>,
             Arc::new(config.machine),
             restore_config,
             config.metrics,
         ));
+        let forget = Arc::downgrade(&restorer);
+        owners.set_on_readopt(Box::new(move |ns| {
+            if let Some(restorer) = forget.upgrade() {
+                restorer.forget_namespace(ns);
+            }
+        }));
         let pool = Arc::new(
             rayon::ThreadPoolBuilder::new()
                 .num_threads(config.pool_threads)
@@ -114,23 +153,22 @@ impl<M: StateMachine> Engine<M> {
                 .build()
                 .map_err(|e| Error::invalid(format!("could not start the thread pool: {e}")))?,
         );
-        let fence = Fence::new(
-            Arc::clone(&store_for_fence),
-            Arc::clone(&config.clock),
-            config.fence,
-        );
         // Background revocation runs on the engine's pool, and close stops it (SPEC R11).
         fence.set_pool(Arc::clone(&pool));
         ::log::info!(
-            "engine open: incarnation {}; entities restore on first touch",
+            "engine open: owner {:?}, incarnation {}; entities restore on first touch",
+            config.owner,
             incarnation.number
         );
         let engine = Engine {
             inner: Arc::new(Inner {
                 restorer,
                 store,
+                owned,
+                owners,
+                owns_store,
                 pool,
-                clock: Arc::clone(&config.clock),
+                clock,
                 incarnation,
                 warm_parallelism: config.warm_parallelism,
                 truncate_after_checkpoint: config.truncate_after_checkpoint,
@@ -142,15 +180,24 @@ impl<M: StateMachine> Engine<M> {
                 warm: Mutex::new(None),
             }),
         };
+        for (ns, mode) in &config.own {
+            engine.inner.owners.adopt(ns, *mode, false)?;
+        }
         // A revocation push is a touch too (SPEC R2): restore the entity before its lease
-        // changes. A refusal does not stop revocation: the lease is pushed either way, and the
-        // refusal is already recorded for every other toucher.
+        // changes, if this engine serves its namespace (a namespace being taken over is not
+        // restored here: state read before the take-over completes could be stale). A refusal
+        // does not stop revocation: the lease is pushed either way.
         let restorer = Arc::downgrade(&engine.inner.restorer);
+        let owners = Arc::downgrade(&engine.inner.owners);
         engine
             .inner
             .fence
             .set_push_observer(Arc::new(move |entity| {
-                if let Some(restorer) = restorer.upgrade()
+                let serves = owners
+                    .upgrade()
+                    .is_some_and(|o| o.held(entity.namespace()).is_some());
+                if serves
+                    && let Some(restorer) = restorer.upgrade()
                     && let Err(e) = restorer.touch(entity)
                 {
                     ::log::debug!("revocation touched {entity}, which answered: {e}");
@@ -162,31 +209,40 @@ impl<M: StateMachine> Engine<M> {
         Ok(engine)
     }
 
-    /// The restored slot of an entity, restoring it now if it is pending (SPEC R2).
+    /// The restored slot of an entity, restoring it now if it is pending (SPEC R2). The
+    /// entity's namespace must be served (SPEC F11): a deposed namespace answers
+    /// [`Error::Fenced`] from memory, without a store call.
     fn touch(&self, entity: &EntityId) -> Result<Arc<restore::Slot<M::State>>> {
+        self.inner.owners.serving(entity.namespace())?;
         self.inner.restorer.touch(entity)
     }
 
-    /// This process's incarnation number (1, 2, 3 ...).
+    /// This engine's incarnation number (1, 2, 3 ...), counted per owner id.
     pub fn incarnation(&self) -> u64 {
         self.inner.incarnation.number
     }
 
-    /// The unclean incarnation this one owes repairs for: the previous incarnation if it ended
-    /// without a clean shutdown, or an older one whose repair some entity has not had yet
-    /// (an incarnation that closes before restoring every entity carries the obligation on).
+    /// The owner id this engine serves namespaces as (see [`EngineBuilder::owner`]).
+    pub fn owner(&self) -> &str {
+        self.inner.owners.owner()
+    }
+
+    /// This owner's previous incarnation, if it ended without a clean shutdown. The repairs
+    /// that follow from it are owed per namespace (see [`Engine::owed_repairs`]).
     pub fn unclean_previous(&self) -> Option<u64> {
         self.inner.incarnation.unclean_previous
     }
 
-    /// The engine's clock, in milliseconds (SPEC E4).
+    /// The engine's clock, in milliseconds: the store's clock (SPEC E4).
     pub fn now_ms(&self) -> u64 {
         self.inner.clock.now_ms()
     }
 
     /// Registers an entity durably; it starts pending. Returns `false` if it already was.
+    /// The marker is written under the namespace's grant like every other engine write.
     pub fn register(&self, entity: &EntityId) -> Result<bool> {
         let _open = self.enter()?;
+        self.inner.owners.serving(entity.namespace())?;
         self.inner.restorer.register(entity)
     }
 
@@ -250,7 +306,8 @@ impl<M: StateMachine> Engine<M> {
         let _open = self.enter()?;
         let slot = self.touch(entity)?;
         let restorer = &self.inner.restorer;
-        let store = &*self.inner.store;
+        // Fenced under the namespace's grant, like every engine write (SPEC F11).
+        let store = &*self.inner.owned;
         let p = entity.partition();
         let mut contained = None;
         let done = self.with_loaded(&slot, |loaded| {
@@ -308,6 +365,7 @@ impl<M: StateMachine> Engine<M> {
     /// `Unavailable`).
     pub fn verify_checkpoint(&self, entity: &EntityId) -> Result<bool> {
         let _open = self.enter()?;
+        self.inner.owners.serving(entity.namespace())?;
         let slot = self.inner.restorer.slot(entity)?;
         let store = &*self.inner.store;
         let p = entity.partition();
@@ -435,5 +493,29 @@ impl<M: StateMachine> Engine<M> {
             warm: self.current_warm().map(|w| w.progress()),
             store: self.inner.store.stats(),
         }
+    }
+
+    /// Test-only negative control: commits the engine's entity batches without the fence, as
+    /// before SPEC F11, so tests can show they catch the unfenced writes.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn set_bypass_fence_for_test(&self, bypass: bool) {
+        self.inner.owned.set_bypass_fence(bypass);
+    }
+}
+
+/// The store's clock as a [`Clock`]: the one clock engine, fence and store share (SPEC E4).
+#[derive(Clone)]
+struct StoreClock(Arc<dyn Store>);
+
+impl std::fmt::Debug for StoreClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreClock")
+    }
+}
+
+impl Clock for StoreClock {
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms()
     }
 }

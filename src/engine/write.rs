@@ -7,10 +7,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use super::Engine;
 use crate::entity::EntityId;
 use crate::error::{Error, Result};
-use crate::fence::WriteOutcome;
 use crate::log::{self, Guarded, MAX_RECORD_BYTES};
 use crate::restore::{ApplyContext, Containment, Deferral, Origin, ReasonKind, StateMachine};
-use crate::store::Batch;
+use crate::store::{Batch, Outcome, Store};
 
 /// What a write did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,16 +62,17 @@ impl<M: StateMachine> Engine<M> {
     /// `decide` sees the state as of the last record and returns the records to append (none
     /// means no write) and a value handed back to the caller. The records are checked, appended
     /// in one batch guarded on the log head the state was folded to and carrying the fencing
-    /// guards for `grant_epoch`, then folded into the state. Writes to one entity are
+    /// guards of the namespace's grant, then folded into the state. Writes to one entity are
     /// serialised; writes to different entities run in parallel.
     ///
-    /// Fencing (SPEC F2, F3): the batch commits only under a usable lease of the entity's
-    /// namespace, guarded on that lease as read and on a deadline; a `grant_epoch` older than
-    /// the lease's epoch is refused with [`Error::Fenced`] and nothing is written.
+    /// Fencing (SPEC F2, F3, F11): the batch commits only under a usable lease at the grant
+    /// this engine serves the namespace under (see [`Engine::own`]), guarded on that lease as
+    /// read and on a deadline. If the grant is stale (another owner took the namespace over),
+    /// the write is refused with [`Error::Fenced`], nothing is written, and this engine stops
+    /// serving the namespace: every later call for it answers `Fenced` at once.
     pub fn write<T>(
         &self,
         entity: &EntityId,
-        grant_epoch: u64,
         decide: impl FnOnce(&M::State) -> (Vec<Vec<u8>>, T),
     ) -> Result<Written<T>> {
         let _open = self.enter()?;
@@ -90,21 +90,19 @@ impl<M: StateMachine> Engine<M> {
                 return Ok(Written { seqs: None, value });
             }
             self.check_records(&records)?;
-            // The log batch, planned once after the head the state was folded to; the fence puts
-            // its lease guard and deadline in front of it, renews the lease if needed and
-            // re-plans a bounded number of times (SPEC F2, F3).
+            // The log batch, planned once after the head the state was folded to, committed
+            // through the fence under the namespace's grant: the fence puts its lease guard and
+            // deadline in front of it, renews the lease if needed and re-plans a bounded number
+            // of times (SPEC F2, F3, F11).
             let prepared = log::prepare_append(&loaded.head, &records, Batch::new())?;
             // From here until the state has folded every record, an unwind (a panic in the
             // store or the fence after the commit) leaves nobody able to tell what the state
             // holds: the guard fails the entity closed (SPEC R5).
             let unsure = Unsure::arm(restorer, &slot);
-            let outcome = self
-                .inner
-                .fence
-                .write_engine_rows_with(entity, grant_epoch, |_| Some(prepared.batch.clone()));
+            let outcome = self.inner.owned.apply(&entity.partition(), &prepared.batch);
             let appended = match outcome {
-                Ok(WriteOutcome::Committed { .. }) => prepared.appended,
-                Ok(WriteOutcome::PreconditionFailed { index: 0 }) => {
+                Ok(Outcome::Committed) => prepared.appended,
+                Ok(Outcome::PreconditionFailed { index: 0 }) => {
                     unsure.disarm();
                     let moved = Guarded::<()>::HeadMoved;
                     return Err(self.log_moved(&slot, "write", &moved, &mut contained));
@@ -172,17 +170,12 @@ impl<M: StateMachine> Engine<M> {
     /// Appends records as they are (SPEC L1). Returns their sequence numbers.
     ///
     /// An empty list is refused: there is nothing to append.
-    pub fn append(
-        &self,
-        entity: &EntityId,
-        grant_epoch: u64,
-        records: Vec<Vec<u8>>,
-    ) -> Result<RangeInclusive<u64>> {
+    pub fn append(&self, entity: &EntityId, records: Vec<Vec<u8>>) -> Result<RangeInclusive<u64>> {
         if records.is_empty() {
             return Err(Error::invalid("append needs at least one record"));
         }
         self.check_records(&records)?;
-        let written = self.write(entity, grant_epoch, move |_| (records, ()))?;
+        let written = self.write(entity, move |_| (records, ()))?;
         Ok(written.seqs.expect("records were not empty"))
     }
 
@@ -191,15 +184,17 @@ impl<M: StateMachine> Engine<M> {
     /// If the entity is pending, the record is stored durably before this returns and is
     /// applied inside its restore unit, after its log tail and in arrival order. If it is
     /// already restored, the record is appended at once. Deferred records are checked like any
-    /// write first. They do not carry a grant epoch.
+    /// write first. Like every engine write, the deferred row (or the append) is fenced under
+    /// the namespace's grant (SPEC F11).
     pub fn defer(&self, entity: &EntityId, record: Vec<u8>) -> Result<Deferred> {
         let _open = self.enter()?;
+        self.inner.owners.serving(entity.namespace())?;
         self.check_records(std::slice::from_ref(&record))?;
         let deferral = self.registering(entity, || self.inner.restorer.defer(entity, &record))?;
         match deferral {
             Deferral::Queued => Ok(Deferred::Queued),
             Deferral::AlreadyRestored => {
-                let seqs = self.append(entity, 0, vec![record])?;
+                let seqs = self.append(entity, vec![record])?;
                 Ok(Deferred::Applied { seq: *seqs.start() })
             }
         }

@@ -36,6 +36,10 @@ mod unit;
 mod waits;
 mod warm;
 
+use std::sync::Arc;
+
+use crate::entity::Namespace;
+
 pub use containment::{Containment, ReasonKind};
 pub use machine::{ApplyContext, Origin, Rejection, StateMachine};
 pub use registry::{Deferral, PhaseCounts, Restorer, Slot};
@@ -45,14 +49,28 @@ pub use unit::{Loaded, UnitReport};
 pub(crate) use warm::start as start_warm;
 pub use warm::{REFUSED_NAMED, Warm, WarmProgress};
 
+/// Answers, for an entity's namespace, the terms whose holders ended without releasing it:
+/// each is owed one unclean-restart repair per entity, in increasing order (SPEC R3, F11). An
+/// error means the engine does not serve the namespace now; the restore is then retried later,
+/// never contained.
+pub type OwedRepairs = Arc<dyn Fn(&Namespace) -> crate::Result<Arc<Vec<u64>>> + Send + Sync>;
+
 /// What the restore unit needs to know about this incarnation.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct RestoreConfig {
     /// A checkpoint is owed when a unit folds more records than this (SPEC R3).
     pub checkpoint_tail_bound: u64,
     /// This incarnation's number (1, 2, 3 ...).
     pub incarnation: u64,
-    /// The previous incarnation, if it ended without a clean shutdown: the unit then runs the
-    /// application's repair for it (SPEC R3).
-    pub unclean_previous: Option<u64>,
+    /// The repairs owed to an entity's namespace; asked at the start of each unit.
+    pub owed_repairs: OwedRepairs,
+}
+
+impl std::fmt::Debug for RestoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestoreConfig")
+            .field("checkpoint_tail_bound", &self.checkpoint_tail_bound)
+            .field("incarnation", &self.incarnation)
+            .finish_non_exhaustive()
+    }
 }

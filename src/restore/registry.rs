@@ -16,7 +16,7 @@ use super::keys;
 use super::machine::StateMachine;
 use super::restoring::{self, Kind};
 use super::telemetry::{self, MetricsHook};
-use super::unit::{self, Loaded};
+use super::unit::{self, Loaded, UnitFailure};
 use super::waits::{RunnerOf, WaitGraph};
 use crate::entity::EntityId;
 use crate::error::{Error, Result};
@@ -295,7 +295,22 @@ impl<M: StateMachine> Restorer<M> {
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             unit::run(&*self.store, &*self.machine, &slot.entity, &self.config)
         }))
-        .unwrap_or_else(|payload| Err(Containment::from_panic("restore unit", &*payload)));
+        .unwrap_or_else(|payload| {
+            Err(UnitFailure::Contained(Containment::from_panic(
+                "restore unit",
+                &*payload,
+            )))
+        });
+        let outcome = match outcome {
+            Err(UnitFailure::Retry(error)) => {
+                // Not a refusal (SPEC F11): the entity stays pending; a later touch retries.
+                ::log::debug!("restoring {} must wait: {error}", slot.entity);
+                let _ = claim.settle(PENDING);
+                return Err(error);
+            }
+            Err(UnitFailure::Contained(reason)) => Err(reason),
+            Ok(done) => Ok(done),
+        };
         match outcome {
             Ok((loaded, report)) => {
                 *slot.state.lock() = Some(loaded);
@@ -427,6 +442,45 @@ impl<M: StateMachine> Restorer<M> {
             Phase::Damaged => Some(damaged_reason()),
             _ => None,
         })
+    }
+
+    /// Makes every restored entity of `ns` pending again, dropping its state: the namespace
+    /// was adopted anew, and state restored under an earlier holding may be stale (another
+    /// owner may have written since). Entities being restored right now are left to finish.
+    pub(crate) fn forget_namespace(&self, ns: &crate::entity::Namespace) {
+        let slots: Vec<Arc<Slot<M::State>>> = self
+            .slots
+            .read()
+            .iter()
+            .filter(|(e, _)| e.namespace() == ns)
+            .map(|(_, s)| Arc::clone(s))
+            .collect();
+        for slot in slots {
+            // Lock order: state, then the gate's mutex (a leaf).
+            let mut state = slot.state.lock();
+            let mut phase = slot.gate.lock();
+            if matches!(*phase, Phase::Restored) {
+                *phase = PENDING;
+                *state = None;
+            }
+        }
+    }
+
+    /// Whether every registered entity of `ns` is restored in this process. An error listing
+    /// the entities answers `false`, so an owed repair is never dropped on a guess.
+    pub(crate) fn all_restored_in(&self, ns: &crate::entity::Namespace) -> bool {
+        let Ok(partitions) = self.store.list_partitions(&EntityId::partition_prefix(ns)) else {
+            return false;
+        };
+        let slots: HashMap<EntityId, Arc<Slot<M::State>>> = self.slots.read().clone();
+        partitions
+            .iter()
+            .filter_map(EntityId::from_partition)
+            .all(|e| {
+                slots
+                    .get(&e)
+                    .is_some_and(|s| matches!(*s.gate.lock(), Phase::Restored))
+            })
     }
 
     /// The entities still pending, in name order. Lists partition names (O(entities)).

@@ -7,13 +7,17 @@
 //! 3. If the replayed tail was longer than the bound, publish a checkpoint now, before
 //!    deferred work is applied.
 //! 4. Move deferred work into the log in arrival order (SPEC R8) and fold it.
-//! 5. If the previous incarnation ended uncleanly and this entity was not yet repaired for it,
-//!    run the application's repair; its records and the "repaired for" mark commit in one
-//!    batch. Then drain any work deferred to the entity meanwhile (by the repair itself).
+//! 5. For each term owed a repair in the entity's namespace (a holder that ended without
+//!    releasing it) that this entity was not yet repaired for, in order, run the application's
+//!    repair; its records and the "repaired for" mark commit in one batch per term. Then drain
+//!    any work deferred to the entity meanwhile (by the repair itself).
 //! 6. Publish a checkpoint if one is owed again (the repair changed state, or the records
 //!    folded since the last checkpoint exceed the bound).
 //!
 //! Any refusal returns a [`Containment`] naming the step; the caller records it (SPEC R4).
+//! A write the engine may not make now (the namespace's grant is stale or not held, or the
+//! lease kept changing) is not a refusal: the unit stops with [`UnitFailure::Retry`], the entity
+//! stays pending, and a later touch runs the whole unit again (SPEC F11).
 //! Every call into the application is wrapped in `catch_unwind`, so a panic names its step.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -48,8 +52,10 @@ pub struct UnitReport {
     pub replayed_bytes: u64,
     /// Deferred records moved into the log and folded.
     pub deferred: u64,
-    /// Records the unclean-restart repair appended.
+    /// Records the unclean-restart repairs appended.
     pub repaired: u64,
+    /// Unclean-restart repairs run (one per owed term the entity had not been repaired for).
+    pub repairs_run: u64,
     /// Whether the unit published a checkpoint.
     pub checkpoint_published: bool,
     /// Wall time of the unit.
@@ -73,12 +79,46 @@ impl From<Error> for Step {
     }
 }
 
+/// Why a unit did not finish.
+pub(crate) enum UnitFailure {
+    /// The entity must be contained with this reason (SPEC R4).
+    Contained(Containment),
+    /// The unit could not write now (fenced, not served, unavailable): the entity stays pending
+    /// and the error goes to the toucher.
+    Retry(Error),
+}
+
+impl From<Containment> for UnitFailure {
+    fn from(c: Containment) -> Self {
+        UnitFailure::Contained(c)
+    }
+}
+
+/// Whether a store error during a unit is a reason to retry later rather than contain.
+pub(crate) fn is_retryable(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Fenced { .. } | Error::NotServed { .. } | Error::Unavailable { .. } | Error::Closed
+    )
+}
+
+/// A store error met by a unit: retried later if it is transient or a fencing answer, else a
+/// containment naming it.
+fn failure(e: Error, checkpoint_step: bool) -> UnitFailure {
+    if is_retryable(&e) {
+        UnitFailure::Retry(e)
+    } else {
+        UnitFailure::Contained(Containment::from_store_error(&e, checkpoint_step))
+    }
+}
+
 struct Unit<'a, M: StateMachine> {
     store: &'a dyn Store,
     machine: &'a M,
     entity: &'a EntityId,
     partition: Partition,
     config: &'a RestoreConfig,
+    owed: &'a [u64],
 }
 
 /// Runs the whole unit for `entity`.
@@ -87,14 +127,17 @@ pub(crate) fn run<M: StateMachine>(
     machine: &M,
     entity: &EntityId,
     config: &RestoreConfig,
-) -> Result<(Loaded<M::State>, UnitReport), Containment> {
+) -> Result<(Loaded<M::State>, UnitReport), UnitFailure> {
     let started = Instant::now();
+    // Restoring needs the namespace served: the unit may write (SPEC F11).
+    let owed = (config.owed_repairs)(entity.namespace()).map_err(UnitFailure::Retry)?;
     let unit = Unit {
         store,
         machine,
         entity,
         partition: entity.partition(),
         config,
+        owed: &owed,
     };
     let mut report = UnitReport::default();
     let (mut state, mut head) = unit.load_and_replay(&mut report)?;
@@ -135,9 +178,9 @@ impl<M: StateMachine> Unit<'_, M> {
     fn load_and_replay(
         &self,
         report: &mut UnitReport,
-    ) -> Result<(M::State, HeadSnapshot), Containment> {
-        let (head, checkpoint) = log::load_restore_point(self.store, &self.partition)
-            .map_err(|e| Containment::from_store_error(&e, true))?;
+    ) -> Result<(M::State, HeadSnapshot), UnitFailure> {
+        let (head, checkpoint) =
+            log::load_restore_point(self.store, &self.partition).map_err(|e| failure(e, true))?;
         let (mut state, after_seq, after_digest) = match checkpoint {
             Some(c) => {
                 report.checkpoint_seq = Some(c.seq);
@@ -171,8 +214,8 @@ impl<M: StateMachine> Unit<'_, M> {
         );
         match replayed {
             Ok(n) => report.replayed = n,
-            Err(Step::Store(e)) => return Err(Containment::from_store_error(&e, false)),
-            Err(Step::Contained(c)) => return Err(c),
+            Err(Step::Store(e)) => return Err(failure(e, false)),
+            Err(Step::Contained(c)) => return Err(c.into()),
         }
         Ok((state, head))
     }
@@ -201,8 +244,8 @@ impl<M: StateMachine> Unit<'_, M> {
         state: &mut M::State,
         mut head: HeadSnapshot,
         report: &mut UnitReport,
-    ) -> Result<HeadSnapshot, Containment> {
-        let io = |e: Error| Containment::from_store_error(&e, false);
+    ) -> Result<HeadSnapshot, UnitFailure> {
+        let io = |e: Error| failure(e, false);
         loop {
             let page = self
                 .store
@@ -238,53 +281,67 @@ impl<M: StateMachine> Unit<'_, M> {
         records: &[Vec<u8>],
         extra: Batch,
         what: &str,
-    ) -> Result<log::Appended, Containment> {
+    ) -> Result<log::Appended, UnitFailure> {
         match log::append_at(self.store, &self.partition, head, records, extra) {
             Ok(Guarded::Committed(appended)) => Ok(appended),
             Ok(other) => Err(Containment::new(
                 ReasonKind::Io,
                 format!("appending {what}: rows changed under the restore unit ({other:?})"),
-            )),
-            Err(e) => Err(Containment::from_store_error(&e, false)),
+            )
+            .into()),
+            Err(e) => Err(failure(e, false)),
         }
     }
 
-    /// Runs the unclean-restart repair at most once per entity and unclean incarnation.
+    /// Runs the unclean-restart repair once per owed term this entity has not been repaired
+    /// for, in increasing order, each with its own label (SPEC R3, F11). The `\0repair` row
+    /// holds the last term repaired; each repair's records and the row commit in one batch, so
+    /// a crash before the batch reruns that repair and a crash after it never does.
     fn repair(
         &self,
         state: &mut M::State,
-        head: HeadSnapshot,
+        mut head: HeadSnapshot,
         report: &mut UnitReport,
-    ) -> Result<HeadSnapshot, Containment> {
-        let Some(unclean) = self.config.unclean_previous else {
+    ) -> Result<HeadSnapshot, UnitFailure> {
+        if self.owed.is_empty() {
             return Ok(head);
-        };
-        let io = |e: Error| Containment::from_store_error(&e, false);
-        let raw = self
+        }
+        let io = |e: Error| failure(e, false);
+        let mut raw = self
             .store
             .get(&self.partition, &keys::repair_key())
             .map_err(io)?;
-        if raw.as_deref() == Some(unclean.to_be_bytes().as_slice()) {
-            return Ok(head);
+        for &term in self.owed {
+            let done = match raw.as_deref() {
+                Some(bytes) => u64::from_be_bytes(bytes.try_into().map_err(|_| {
+                    Containment::new(
+                        ReasonKind::CorruptRecord,
+                        format!("the repair row of {} is malformed", self.entity),
+                    )
+                })?),
+                None => 0,
+            };
+            if term <= done {
+                continue;
+            }
+            let records = app("repair", || self.machine.repair(self.entity, state, term))?
+                .map_err(|r| Containment::new(ReasonKind::RepairRefusal, r.reason))?;
+            let guard = match &raw {
+                Some(old) => Batch::new().equals(keys::repair_key(), old.clone()),
+                None => Batch::new().absent(keys::repair_key()),
+            };
+            let mark = term.to_be_bytes().to_vec();
+            let extra = guard.put(keys::repair_key(), mark.clone());
+            let appended = self.append(&head, &records, extra, "repair records")?;
+            for (i, record) in records.iter().enumerate() {
+                self.apply(state, appended.first_seq + i as u64, Origin::Repair, record)?;
+            }
+            report.repaired += records.len() as u64;
+            report.repairs_run += 1;
+            head = appended.head;
+            raw = Some(mark);
         }
-        let records = app("repair", || {
-            self.machine.repair(self.entity, state, unclean)
-        })?
-        .map_err(|r| Containment::new(ReasonKind::RepairRefusal, r.reason))?;
-        // The mark and the records commit together: a crash before the batch reruns the repair,
-        // a crash after it never does.
-        let guard = match raw {
-            Some(old) => Batch::new().equals(keys::repair_key(), old),
-            None => Batch::new().absent(keys::repair_key()),
-        };
-        let extra = guard.put(keys::repair_key(), unclean.to_be_bytes().to_vec());
-        let appended = self.append(&head, &records, extra, "repair records")?;
-        for (i, record) in records.iter().enumerate() {
-            let seq = appended.first_seq + i as u64;
-            self.apply(state, seq, Origin::Repair, record)?;
-        }
-        report.repaired = records.len() as u64;
-        Ok(appended.head)
+        Ok(head)
     }
 
     fn warn_long_tail(&self, tail: u64) {
@@ -301,7 +358,7 @@ impl<M: StateMachine> Unit<'_, M> {
         state: &M::State,
         head: HeadSnapshot,
         report: &mut UnitReport,
-    ) -> Result<HeadSnapshot, Containment> {
+    ) -> Result<HeadSnapshot, UnitFailure> {
         let bytes = app("checkpoint encode", || {
             self.machine.encode_checkpoint(state)
         })?;
@@ -314,8 +371,9 @@ impl<M: StateMachine> Unit<'_, M> {
             Ok(other) => Err(Containment::new(
                 ReasonKind::Io,
                 format!("publishing a checkpoint: rows changed under the restore unit ({other:?})"),
-            )),
-            Err(e) => Err(Containment::from_store_error(&e, false)),
+            )
+            .into()),
+            Err(e) => Err(failure(e, false)),
         }
     }
 }

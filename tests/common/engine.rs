@@ -148,6 +148,12 @@ pub struct TestStore {
     pub fail_reads_of: Mutex<Option<Partition>>,
     pub fail_writes_of: Mutex<Option<Partition>>,
     pub entity_reads: AtomicU64,
+    /// Every call of any kind (reads, batches, listings).
+    pub calls: AtomicU64,
+    /// When set, listing partitions fails (an I/O error).
+    pub fail_lists: AtomicBool,
+    /// When set, every batch on an entity partition is recorded here.
+    pub entity_batches: Mutex<Option<Vec<(Partition, Batch)>>>,
     pub before_apply: Mutex<Option<StoreHook>>,
     pub after_apply: Mutex<Option<StoreHook>>,
     pub before_scan: Mutex<Option<ScanHook>>,
@@ -155,15 +161,45 @@ pub struct TestStore {
 
 impl TestStore {
     pub fn new() -> Arc<Self> {
+        Self::over(MemoryStore::new())
+    }
+
+    /// A test store on `clock` (one clock for store, fence and engine, SPEC E4).
+    pub fn with_clock(clock: portcullis::SharedClock) -> Arc<Self> {
+        Self::over(MemoryStore::with_clock(clock))
+    }
+
+    fn over(inner: MemoryStore) -> Arc<Self> {
         Arc::new(TestStore {
-            inner: MemoryStore::new(),
+            inner,
             fail_reads_of: Mutex::new(None),
             fail_writes_of: Mutex::new(None),
             entity_reads: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            fail_lists: AtomicBool::new(false),
+            entity_batches: Mutex::new(None),
             before_apply: Mutex::new(None),
             after_apply: Mutex::new(None),
             before_scan: Mutex::new(None),
         })
+    }
+
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Starts recording batches on entity partitions.
+    pub fn record_entity_batches(&self) {
+        *self.entity_batches.lock() = Some(Vec::new());
+    }
+
+    /// The recorded batches (recording continues).
+    pub fn take_entity_batches(&self) -> Vec<(Partition, Batch)> {
+        self.entity_batches
+            .lock()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     pub fn set_before_apply(&self, hook: impl Fn(&Partition, &Batch) + Send + Sync + 'static) {
@@ -185,6 +221,7 @@ impl TestStore {
     }
 
     fn read(&self, p: &Partition) -> portcullis::Result<()> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         if p.as_bytes().starts_with(b"e/") {
             self.entity_reads.fetch_add(1, Ordering::SeqCst);
         }
@@ -222,6 +259,12 @@ impl Store for TestStore {
         self.inner.scan(p, range, cursor, limit)
     }
     fn apply(&self, p: &Partition, batch: &Batch) -> portcullis::Result<Outcome> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if p.as_bytes().starts_with(b"e/")
+            && let Some(recorded) = self.entity_batches.lock().as_mut()
+        {
+            recorded.push((p.clone(), batch.clone()));
+        }
         if self.fail_writes_of.lock().as_ref() == Some(p) {
             return Err(portcullis::Error::Io {
                 context: format!("writing {p}"),
@@ -242,9 +285,17 @@ impl Store for TestStore {
         Ok(outcome)
     }
     fn list_partitions(&self, prefix: &[u8]) -> portcullis::Result<Vec<Partition>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.fail_lists.load(Ordering::SeqCst) {
+            return Err(portcullis::Error::Io {
+                context: "listing partitions".into(),
+                source: std::io::Error::other("injected listing failure"),
+            });
+        }
         self.inner.list_partitions(prefix)
     }
     fn contains_partition(&self, p: &Partition) -> portcullis::Result<bool> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.contains_partition(p)
     }
     fn now_ms(&self) -> u64 {
@@ -278,6 +329,28 @@ pub fn entity(i: usize) -> EntityId {
 /// The records an entity folded, without sequence numbers.
 pub fn payloads(engine: &TestEngine, e: &EntityId) -> portcullis::Result<Vec<Vec<u8>>> {
     engine.read(e, |s| s.records.iter().map(|(_, r)| r.clone()).collect())
+}
+
+/// Runs revocation slices until `Complete` (bounded).
+pub fn revoke_to_complete(engine: &TestEngine, ns: &portcullis::Namespace) {
+    use portcullis::fence::{RevokeBudget, RevokeProgress};
+    for _ in 0..100 {
+        if engine.revoke_step(ns, RevokeBudget::default()).unwrap() == RevokeProgress::Complete {
+            return;
+        }
+    }
+    panic!("revocation of {ns} did not complete in 100 slices");
+}
+
+/// An engine with its own owner id over `store`, adopting namespaces only when told.
+pub fn owner_builder(
+    machine: &Arc<TestMachine>,
+    store: &Arc<TestStore>,
+    owner: &str,
+) -> EngineBuilder<Arc<TestMachine>> {
+    builder(machine, store)
+        .owner(owner)
+        .adopt_on_first_use(false)
 }
 
 /// Ends an engine the way a crash would: no clean shutdown is recorded (dropping it would
