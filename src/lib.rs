@@ -13,6 +13,13 @@
 //! Everything is blocking; there is no async runtime.
 //!
 //! Non-goals: a query language, secondary indexes, multi-partition transactions, replication.
+//!
+//! ## Guarantees
+//!
+//! The documentation cites what Portcullis promises by stable ids: "SPEC R4" is guarantee R4,
+//! "(SPEC F2, F3)" two of them. Each id is a section of [`guarantees`] (the file
+//! `docs/GUARANTEES.md`), in the words a user needs, with the tests that check it and what is
+//! not guaranteed yet.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -33,6 +40,11 @@ pub use engine::{Engine, EngineBuilder};
 pub use entity::{EntityId, Namespace};
 pub use error::{Error, Result};
 pub use restore::{ApplyContext, Origin, Rejection, StateMachine};
+
+/// What Portcullis promises, by id (S1 ... E6), with the tests that check each promise. The
+/// same text as `docs/GUARANTEES.md`.
+#[doc = include_str!("../docs/GUARANTEES.md")]
+pub mod guarantees {}
 
 /// The README's usage example, compiled and run as a doctest.
 #[doc = include_str!("../README.md")]

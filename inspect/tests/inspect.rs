@@ -28,6 +28,17 @@ impl TypedMachine for Count {
     }
 }
 
+/// Serialises the tests of this file. A child process forked by one test (before it execs the
+/// tool) briefly holds copies of every open file of this process, so a store another test just
+/// closed could still look locked (SPEC S6) to the next open.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Runs the tool; returns its exit code and what it printed.
 fn inspect(args: &[&str]) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_portcullis-inspect"))
@@ -140,6 +151,7 @@ fn verify_unchanged(dir: &Path) -> (i32, String) {
 
 #[test]
 fn e5_a_healthy_store_is_described_and_verifies_clean() {
+    let _serial = serial();
     let dir = healthy();
     let before = image(dir.path());
     let (code, out) = inspect(&[path(dir.path())]);
@@ -178,6 +190,7 @@ fn e5_a_healthy_store_is_described_and_verifies_clean() {
 /// `verify`'s full walk (and a later load of its partition) can find it.
 #[test]
 fn e5_verify_finds_a_flipped_byte_in_snapshotted_history() {
+    let _serial = serial();
     let dir = healthy();
     let first = segments(dir.path()).remove(0);
     let bytes = std::fs::read(&first).unwrap();
@@ -196,6 +209,7 @@ fn e5_verify_finds_a_flipped_byte_in_snapshotted_history() {
 
 #[test]
 fn e5_verify_finds_a_torn_tail() {
+    let _serial = serial();
     let dir = healthy();
     let last = segments(dir.path()).pop().unwrap();
     let len = std::fs::metadata(&last).unwrap().len();
@@ -211,6 +225,7 @@ fn e5_verify_finds_a_torn_tail() {
 
 #[test]
 fn e5_verify_finds_a_removed_manifest_or_snapshot() {
+    let _serial = serial();
     for remove_manifest in [true, false] {
         let dir = healthy();
         let victim = if remove_manifest {
@@ -236,6 +251,7 @@ fn e5_verify_finds_a_removed_manifest_or_snapshot() {
 
 #[test]
 fn e5_verify_finds_a_damaged_header_of_the_newest_segment() {
+    let _serial = serial();
     let dir = healthy();
     let last = segments(dir.path()).pop().unwrap();
     damage(&last, |b| b[13] ^= 0xff);
@@ -246,6 +262,7 @@ fn e5_verify_finds_a_damaged_header_of_the_newest_segment() {
 
 #[test]
 fn e5_a_future_format_version_is_refused_without_changes() {
+    let _serial = serial();
     let dir = healthy();
     let first = segments(dir.path()).remove(0);
     damage(&first, |b| layout::set_segment_version(b, 99));
@@ -260,6 +277,7 @@ fn e5_a_future_format_version_is_refused_without_changes() {
 /// can tell. Record 2 of room-3 is replaced by a copy of record 1.
 #[test]
 fn l4_verify_finds_a_broken_digest_chain() {
+    let _serial = serial();
     let dir = healthy();
     let store = FileStore::open(dir.path()).unwrap();
     let p = room(3).partition();
@@ -276,6 +294,7 @@ fn l4_verify_finds_a_broken_digest_chain() {
 
 #[test]
 fn s6_a_store_open_in_another_handle_is_refused_and_bad_paths_are_named() {
+    let _serial = serial();
     let dir = healthy();
     let store = FileStore::open(dir.path()).unwrap();
     let (code, out) = inspect(&["verify", path(dir.path())]);

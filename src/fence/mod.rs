@@ -40,7 +40,8 @@ mod driver;
 mod epoch;
 mod hooks;
 mod revoke;
-mod rows;
+/// Row layouts; the inspect tool reads them (SPEC E5).
+pub(crate) mod rows;
 mod stats;
 mod sweep;
 mod write;

@@ -39,7 +39,8 @@ use std::path::Path;
 
 use crate::entity::{EntityId, Namespace, RESERVED_KEY_PREFIX};
 use crate::error::{Error, Result};
-use crate::fence::{self, FenceKind, Keys};
+use crate::fence::FenceKind;
+use crate::fence::rows::{self as fence, Keys};
 use crate::log;
 use crate::restore::keys as restore_keys;
 use crate::store::{
@@ -134,12 +135,26 @@ pub struct FenceSummary {
     pub kind: FenceKind,
     /// The current epoch (or generation); 0 before the first bump.
     pub current: u64,
-    /// The leased-shard rows: entity, the row itself.
-    pub leased: Vec<(EntityId, fence::ShardRow)>,
+    /// The leased-shard rows (SPEC F2, F4).
+    pub leased: Vec<LeasedShard>,
     /// When the lease table was declared recovered (SPEC F6).
     pub recovered_at_ms: Option<u64>,
-    /// The revocation checkpoint (SPEC F4).
-    pub revocation: Option<fence::CheckpointRow>,
+    /// The revocation checkpoint (SPEC F4): the epoch revoked towards, and where it resumes.
+    pub revocation: Option<String>,
+}
+
+/// One leased-shard row of a namespace's coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeasedShard {
+    /// The entity that may hold a lease.
+    pub entity: EntityId,
+    /// The epoch the row was granted or renewed under.
+    pub epoch: u64,
+    /// When the lease ends, in milliseconds on the writer's clock.
+    pub expires_at_ms: u64,
+    /// The epoch the entity's lease is known to carry (by a committed push).
+    pub acked_epoch: u64,
 }
 
 /// One problem [`Inspector::verify`] found.
@@ -322,7 +337,7 @@ impl Inspector {
         }
         s.lease = store
             .get(&p, Keys::new(FenceKind::Epoch).lease())?
-            .map(|raw| fence::decode_row::<fence::LeaseRow>("lease row", &raw))
+            .map(|raw| fence::decode::<fence::LeaseRow>("lease row", &raw))
             .transpose()?
             .map(|l| (l.epoch, l.expires_at_ms));
         let app = KeyRange::from(vec![RESERVED_KEY_PREFIX + 1]);
@@ -358,24 +373,30 @@ impl Inspector {
         let c = ns.coordinator_partition();
         let current = store
             .get(&c, &keys.current())?
-            .map(|raw| fence::decode_row::<u64>("epoch row", &raw))
+            .map(|raw| fence::decode::<u64>("epoch row", &raw))
             .transpose()?
             .unwrap_or(0);
         let mut leased = Vec::new();
         for row in Entries::new(store, c.clone(), keys.shard_range()) {
             let (key, raw) = row?;
-            let shard: fence::ShardRow = fence::decode_row("leased-shard row", &raw)?;
-            leased.push((keys.entity_of_shard(ns, &key)?, shard));
+            let shard: fence::ShardRow = fence::decode("leased-shard row", &raw)?;
+            leased.push(LeasedShard {
+                entity: keys.entity_of_shard(ns, &key)?,
+                epoch: shard.epoch,
+                expires_at_ms: shard.expires_at_ms,
+                acked_epoch: shard.acked_epoch,
+            });
         }
         let recovered_at_ms = store
             .get(&c, &keys.recovery())?
-            .map(|raw| fence::decode_row::<fence::RecoveryRow>("recovery row", &raw))
+            .map(|raw| fence::decode::<fence::RecoveryRow>("recovery row", &raw))
             .transpose()?
             .map(|r| r.resumed_at_ms);
         let revocation = store
             .get(&c, &keys.checkpoint())?
-            .map(|raw| fence::decode_row("revocation checkpoint", &raw))
-            .transpose()?;
+            .map(|raw| fence::decode::<fence::CheckpointRow>("revocation checkpoint", &raw))
+            .transpose()?
+            .map(|r| format!("towards epoch {} at {:?}", r.epoch, r.cursor));
         Ok(FenceSummary {
             kind,
             current,

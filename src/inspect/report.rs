@@ -113,14 +113,14 @@ impl Display for Summary {
                     write!(f, ", lease table recovered at {at} ms")?;
                 }
                 if let Some(r) = &fence.revocation {
-                    write!(f, ", revocation towards {} at {:?}", r.epoch, r.cursor)?;
+                    write!(f, ", revocation {r}")?;
                 }
                 writeln!(f)?;
-                for (entity, row) in &fence.leased {
+                for row in &fence.leased {
                     writeln!(
                         f,
-                        "      {entity}: epoch {}, expires {} ms, acknowledged at {}",
-                        row.epoch, row.expires_at_ms, row.acked_epoch
+                        "      {}: epoch {}, expires {} ms, acknowledged at {}",
+                        row.entity, row.epoch, row.expires_at_ms, row.acked_epoch
                     )?;
                 }
             }
