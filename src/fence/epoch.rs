@@ -1,7 +1,7 @@
 //! Reading and advancing the epoch (SPEC F1), and declaring a recovered lease table (F6).
 
 use super::rows::{self, RecoveryRow};
-use super::{Fence, guard_as_read};
+use super::{Fence, guard_as_read, unfenced};
 use crate::entity::Namespace;
 use crate::error::{Error, Result};
 use crate::store::Batch;
@@ -34,7 +34,9 @@ impl Fence {
     ///
     /// `new` must exceed the current epoch by 1 to 1,024, else `InvalidArgument` and nothing
     /// changes. A lost race re-reads and re-classifies; finding `new` installed by a concurrent
-    /// winner is success. Repeated contention answers `Unavailable` with a retry hint.
+    /// winner is success. Repeated contention answers `Unavailable` with a retry hint. A
+    /// namespace declared unfenced ([`Fence::declare_unfenced`]) has no epoch to bump:
+    /// `InvalidArgument`.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -49,9 +51,21 @@ impl Fence {
     pub fn bump_epoch(&self, ns: &Namespace, new: u64) -> Result<()> {
         let coordinator = ns.coordinator_partition();
         let key = self.inner.keys.current();
+        let unfenced_key = self.inner.keys.unfenced();
+        if self.known_unfenced(ns) {
+            return Err(unfenced::bump_refused(self, ns));
+        }
         let mut lost_a_race = false;
         for _ in 0..MAX_BUMP_ATTEMPTS {
-            let raw = self.inner.store.get(&coordinator, &key)?;
+            let read = self
+                .inner
+                .store
+                .get_many(&coordinator, &[&key, &unfenced_key])?;
+            let raw = &read[0];
+            if unfenced::decode_unfenced(read[1].as_deref())?.is_some() {
+                self.remember_unfenced(ns);
+                return Err(unfenced::bump_refused(self, ns));
+            }
             let current = rows::decode_epoch(raw.as_deref())?;
             if lost_a_race && current == new {
                 // A concurrent bump installed the same value: that is what we wanted.
@@ -64,7 +78,10 @@ impl Fence {
                     kind = self.inner.kind
                 )));
             }
+            // Guarded on "not unfenced" too: a concurrent declaration and this bump never
+            // both succeed.
             let batch = guard_as_read(Batch::new(), &key, raw.as_deref())
+                .absent(unfenced_key.clone())
                 .put(key.clone(), rows::encode(&new));
             if self.inner.store.apply(&coordinator, &batch)?.is_committed() {
                 log::debug!("{:?} of {ns} bumped {current} -> {new}", self.inner.kind);

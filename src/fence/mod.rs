@@ -44,8 +44,10 @@ mod revoke;
 pub(crate) mod rows;
 mod stats;
 mod sweep;
+mod unfenced;
 mod write;
 
+use std::collections::HashSet;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
@@ -105,6 +107,8 @@ struct Inner {
     switches: RwLock<GuardSwitches>,
     grant_seed: u64,
     grant_counter: AtomicU64,
+    /// Namespaces this fence has seen declared unfenced (permanent, so never forgotten).
+    unfenced: RwLock<HashSet<crate::entity::Namespace>>,
     /// Told before revocation pushes a lease to an entity (see `Fence::set_push_observer`).
     push_observer: RwLock<Option<PushObserver>>,
     /// Where background drivers run, and the ones running now (see [`Fence::set_pool`]).
@@ -168,6 +172,7 @@ impl Fence {
                 switches: RwLock::new(GuardSwitches::default()),
                 grant_seed: seed.finish(),
                 grant_counter: AtomicU64::new(0),
+                unfenced: RwLock::new(HashSet::new()),
                 push_observer: RwLock::new(None),
                 drivers: driver::Drivers::default(),
             }),

@@ -75,6 +75,11 @@ impl Keys {
         self.with(b"revoke")
     }
 
+    /// Coordinator: the declaration that the namespace is unfenced.
+    pub fn unfenced(&self) -> Vec<u8> {
+        self.with(b"unfenced")
+    }
+
     /// Coordinator: the leased-shard row of `entity`.
     pub fn shard(&self, entity: &EntityId) -> Vec<u8> {
         let mut key = self.with(b"shard/");

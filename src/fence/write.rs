@@ -5,7 +5,7 @@ use std::ops::Bound;
 
 use super::rows::{self, FENCE_ROWS_PREFIX, LeaseRow, ShardRow};
 use super::stats::Counters;
-use super::{Fence, HookPoint, guard_as_read};
+use super::{Fence, HookPoint, guard_as_read, unfenced};
 use crate::entity::{EntityId, RESERVED_KEY_PREFIX};
 use crate::error::{Error, Result};
 use crate::store::{Batch, KeyRange, Op, Outcome, Precondition, check_guards};
@@ -221,6 +221,17 @@ fn first_failing_guard(fence: &Fence, entity: &EntityId, user: &Batch) -> Result
     })
 }
 
+/// An unfenced namespace's epoch is 0 for ever: a grant above it is a caller error.
+fn check_unfenced_grant(fence: &Fence, ns: &crate::entity::Namespace, grant: u64) -> Result<()> {
+    if grant > 0 {
+        return Err(Error::invalid(format!(
+            "the grant epoch {grant} is ahead of the {:?} of {ns} (0: it is unfenced); use 0",
+            fence.inner.kind
+        )));
+    }
+    Ok(())
+}
+
 /// One fence's part of an attempt: what was read, and what the entity batch must carry.
 struct Prepared {
     lease_raw: Option<Vec<u8>>,
@@ -231,6 +242,21 @@ struct Prepared {
     /// `min(expires_at_ms - lease_margin_ms, plan_time + max_apply_window_ms)`.
     deadline_ms: u64,
     plan_time_ms: u64,
+    /// The namespace is unfenced: the entity batch carries no guard of this fence.
+    unfenced: bool,
+}
+
+impl Prepared {
+    fn unfenced(now: u64) -> Prepared {
+        Prepared {
+            lease_raw: None,
+            lease_epoch: 0,
+            renewal: None,
+            deadline_ms: u64::MAX,
+            plan_time_ms: now,
+            unfenced: true,
+        }
+    }
 }
 
 impl Fence {
@@ -430,6 +456,12 @@ impl Fence {
         let c = self.inner.config;
         let keys = &self.inner.keys;
         let now = self.now();
+        let ns = entity.namespace();
+        if self.known_unfenced(ns) {
+            // An unfenced namespace: no lease, no row, no store call before the write.
+            check_unfenced_grant(self, ns, grant)?;
+            return Ok(Prepared::unfenced(now));
+        }
         let lease_raw = self.inner.store.get(&entity.partition(), keys.lease())?;
         let lease: Option<LeaseRow> = rows::decode_opt("lease row", lease_raw.as_deref())?;
         let apply_window_end = now.saturating_add(c.max_apply_window_ms());
@@ -449,17 +481,25 @@ impl Fence {
                     renewal: None,
                     deadline_ms: (lease.expires_at_ms - c.lease_margin_ms()).min(apply_window_end),
                     plan_time_ms: now,
+                    unfenced: false,
                 });
             }
         }
 
-        // SPEC F2: renew. Read the coordinator once: the epoch and this entity's row.
-        let coordinator = entity.namespace().coordinator_partition();
-        let (current_key, shard_key) = (keys.current(), keys.shard(entity));
+        // SPEC F2: renew. Read the coordinator once: the epoch, this entity's row, and whether
+        // the namespace was declared unfenced.
+        let coordinator = ns.coordinator_partition();
+        let (current_key, shard_key, unfenced_key) =
+            (keys.current(), keys.shard(entity), keys.unfenced());
         let read = self
             .inner
             .store
-            .get_many(&coordinator, &[&current_key, &shard_key])?;
+            .get_many(&coordinator, &[&current_key, &shard_key, &unfenced_key])?;
+        if unfenced::decode_unfenced(read[2].as_deref())?.is_some() {
+            self.remember_unfenced(ns);
+            check_unfenced_grant(self, ns, grant)?;
+            return Ok(Prepared::unfenced(now));
+        }
         let current = rows::decode_epoch(read[0].as_deref())?;
         let row: Option<ShardRow> = rows::decode_opt("leased-shard row", read[1].as_deref())?;
         if grant < current {
@@ -486,9 +526,13 @@ impl Fence {
             acked_epoch: live_row.map_or(current, |r| r.acked_epoch),
             grant_id,
         };
+        // Guarded on the epoch and the row as read, and on "not unfenced": no row is created
+        // after a declaration (this renewal then re-plans and finds it).
         let mut reservation = guard_as_read(Batch::new(), &current_key, read[0].as_deref());
         reservation = guard_as_read(reservation, &shard_key, read[1].as_deref());
-        reservation = reservation.put(shard_key, rows::encode(&new_row));
+        reservation = reservation
+            .absent(unfenced_key)
+            .put(shard_key, rows::encode(&new_row));
         let new_lease = LeaseRow {
             epoch: current,
             expires_at_ms,
@@ -502,11 +546,15 @@ impl Fence {
                 .saturating_sub(c.lease_margin_ms())
                 .min(apply_window_end),
             plan_time_ms: now,
+            unfenced: false,
         })
     }
 
     /// The guards (and, for a renewal, the lease write) this fence adds to the entity batch.
     fn add_fence_guards(&self, batch: Batch, p: &Prepared) -> Batch {
+        if p.unfenced {
+            return batch;
+        }
         let switches = self.switches();
         let lease_key = self.inner.keys.lease();
         let mut batch = batch;
