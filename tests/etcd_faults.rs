@@ -16,12 +16,24 @@ use portcullis::{Error, ManualClock};
 
 const ROOT: &[u8] = b"faults/";
 
+/// A store through `endpoint`, with its marker slot made (one batch on a scratch partition),
+/// so the faults planned next hit batches, not the slot's creation.
 fn store_at(endpoint: &str) -> EtcdStore {
-    EtcdStore::builder(endpoint)
+    let store = EtcdStore::builder(endpoint)
         .prefix(ROOT)
         .clock(Arc::new(ManualClock::new(1_000)))
         .open()
-        .expect("open the etcd store")
+        .expect("open the etcd store");
+    warm(&store);
+    store
+}
+
+fn warm(store: &EtcdStore) {
+    let batch = Batch::new().put(b"w".to_vec(), b"1".to_vec());
+    assert_eq!(
+        store.apply(&part("warm"), &batch).unwrap(),
+        Outcome::Committed
+    );
 }
 
 fn part(name: &str) -> Partition {
@@ -96,6 +108,9 @@ fn every_answer_lost_is_outcome_unknown_and_applied_at_most_once() {
     assert_eq!(version, 1, "the batch was applied more than once");
 
     // Requests that never reach etcd: the fate is unknown to the store, and nothing applied.
+    // (The slot of the unknown batch is not used again: a new one is made first.)
+    proxy.set_default(Fault::Forward);
+    warm(&store);
     proxy.set_default(Fault::Swallow);
     let err = store
         .apply(&p, &Batch::new().put(b"m".to_vec(), b"1".to_vec()))
@@ -131,21 +146,62 @@ fn refused_connection_says_what_to_do() {
     );
 }
 
-/// S11: the lease that commit markers live on disappears (revoked, or expired while etcd was
-/// down); the next batch gets a new one and commits.
+/// S11: after a lost answer, a copy refused by its guard also aborts the batch: a copy of it
+/// still on its way (held in the network) finds the marker moved and can never commit, so the
+/// `PreconditionFailed` the store reported stays true.
 #[test]
-fn a_lost_marker_lease_is_replaced() {
+fn a_refusal_after_a_lost_answer_aborts_the_copy_still_on_its_way() {
+    let etcd = EtcdServer::start();
+    let raw = RawEtcd::new(&etcd.endpoint());
+    let proxy = FaultProxy::start(&etcd.endpoint());
+    let store = store_at(&proxy.endpoint());
+    let p = part("held");
+    let k = b"k".to_vec();
+    assert_eq!(
+        store
+            .apply(&p, &Batch::new().put(k.clone(), b"v0".to_vec()))
+            .unwrap(),
+        Outcome::Committed
+    );
+    // The first copy is held in the network; the second finds k at v0 and is refused.
+    proxy.plan(&[Fault::Hold]);
+    let batch = Batch::new()
+        .equals(k.clone(), b"v1".to_vec())
+        .put(k.clone(), b"late".to_vec());
+    assert_eq!(
+        store.apply(&p, &batch).unwrap(),
+        Outcome::PreconditionFailed { index: 0 }
+    );
+    // Now the guard would hold, and the held copy arrives.
+    raw.put_txn(&row_key(ROOT, b"held", b"k"), b"v1");
+    let answers = proxy.release_held();
+    assert_eq!(answers.len(), 1);
+    assert!(!answers[0].contains("\"succeeded\":true"), "{}", answers[0]);
+    assert_eq!(store.get(&p, b"k").unwrap(), Some(b"v1".to_vec()));
+    // The store goes on as usual.
+    assert_eq!(store.apply(&p, &batch).unwrap(), Outcome::Committed);
+    assert_eq!(store.get(&p, b"k").unwrap(), Some(b"late".to_vec()));
+}
+
+/// S11: a marker slot changed behind the store's back (here by hand) makes the next batch
+/// fail on the slot alone; the store follows the slot's new value and commits the batch once.
+#[test]
+fn a_moved_marker_slot_is_followed() {
     let etcd = EtcdServer::start();
     let raw = RawEtcd::new(&etcd.endpoint());
     let store = store_at(&etcd.endpoint());
-    let p = part("lease");
+    let p = part("moved");
     assert_eq!(store.apply(&p, &claim(b"a")).unwrap(), Outcome::Committed);
-    assert_eq!(raw.revoke_all_leases(), 1);
+    let mut marker_prefix = ROOT.to_vec();
+    marker_prefix.push(b'm');
+    assert_eq!(raw.overwrite_prefix(&marker_prefix, b"elsewhere"), 1);
     assert_eq!(store.apply(&p, &claim(b"b")).unwrap(), Outcome::Committed);
     assert_eq!(
         store.apply(&p, &claim(b"b")).unwrap(),
         Outcome::PreconditionFailed { index: 0 }
     );
+    let (_, version) = raw.get(&row_key(ROOT, b"moved", b"b")).unwrap();
+    assert_eq!(version, 1);
 }
 
 /// S11: a batch at every declared limit at once (operations, preconditions, bytes, longest
@@ -193,9 +249,11 @@ fn a_batch_at_every_declared_limit_commits() {
     assert_eq!(last[0], (puts - 1) as u8);
 }
 
-/// The negative control of `lost_answer_is_sent_again_and_commits_once`: without the commit
-/// marker checked on the resend, a lost answer makes the store apply a batch twice and
-/// misreport a committed claim as refused.
+/// The negative control of `lost_answer_is_sent_again_and_commits_once` and
+/// `a_refusal_after_a_lost_answer_aborts_the_copy_still_on_its_way`: without the commit marker
+/// checked on the resend (and without the abort), a lost answer makes the store apply a batch
+/// twice, misreport a committed claim as refused, and let a held copy commit after the store
+/// reported `PreconditionFailed`.
 #[cfg(feature = "etcd-test-hooks")]
 #[test]
 fn without_the_commit_marker_a_lost_answer_applies_twice() {
@@ -207,6 +265,7 @@ fn without_the_commit_marker_a_lost_answer_applies_twice() {
         .without_commit_marker()
         .open()
         .unwrap();
+    warm(&store);
     let p = part("control");
     proxy.plan(&[Fault::DropAnswer]);
     assert_eq!(
@@ -219,4 +278,23 @@ fn without_the_commit_marker_a_lost_answer_applies_twice() {
     assert_eq!(store.apply(&p, &put).unwrap(), Outcome::Committed);
     let (_, version) = raw.get(&row_key(ROOT, b"control", b"n")).unwrap();
     assert_eq!(version, 2, "without the marker the put applies twice");
+
+    // A held copy commits after the store reported the batch refused.
+    let seed = Batch::new().put(b"h".to_vec(), b"v0".to_vec());
+    assert_eq!(store.apply(&p, &seed).unwrap(), Outcome::Committed);
+    proxy.plan(&[Fault::Hold]);
+    let batch = Batch::new()
+        .equals(b"h".to_vec(), b"v1".to_vec())
+        .put(b"h".to_vec(), b"late".to_vec());
+    assert_eq!(
+        store.apply(&p, &batch).unwrap(),
+        Outcome::PreconditionFailed { index: 0 }
+    );
+    raw.put_txn(&row_key(ROOT, b"control", b"h"), b"v1");
+    proxy.release_held();
+    assert_eq!(
+        store.get(&p, b"h").unwrap(),
+        Some(b"late".to_vec()),
+        "without the abort the held copy commits"
+    );
 }

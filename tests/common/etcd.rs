@@ -178,6 +178,9 @@ pub enum Fault {
     DropAnswer,
     /// Reads the request and closes the connection; etcd never sees it.
     Swallow,
+    /// Reads the request, closes the connection, and keeps the request until
+    /// [`FaultProxy::release_held`] delivers it: a copy delayed in the network.
+    Hold,
 }
 
 struct ProxyState {
@@ -186,6 +189,8 @@ struct ProxyState {
     stop: AtomicBool,
     requests: AtomicUsize,
     dropped: AtomicUsize,
+    held: Mutex<Vec<Vec<u8>>>,
+    upstream: String,
 }
 
 /// A loopback TCP proxy in front of etcd that applies a planned [`Fault`] to each HTTP request
@@ -207,6 +212,8 @@ impl FaultProxy {
             stop: AtomicBool::new(false),
             requests: AtomicUsize::new(0),
             dropped: AtomicUsize::new(0),
+            held: Mutex::new(Vec::new()),
+            upstream: upstream.to_string(),
         });
         let upstream = upstream.to_string();
         let st = state.clone();
@@ -241,6 +248,21 @@ impl FaultProxy {
     /// Requests after the planned ones get `fault`.
     pub fn set_default(&self, fault: Fault) {
         *self.state.default.lock() = fault;
+    }
+
+    /// Delivers every held request to etcd now, each on its own connection, and returns
+    /// etcd's answers.
+    pub fn release_held(&self) -> Vec<String> {
+        let held = std::mem::take(&mut *self.state.held.lock());
+        held.into_iter()
+            .map(|request| {
+                let s = TcpStream::connect(&self.state.upstream).expect("connect to etcd");
+                let mut w = s.try_clone().unwrap();
+                w.write_all(&request).expect("deliver a held request");
+                let answer = read_message(&mut BufReader::new(s)).expect("etcd's answer");
+                String::from_utf8_lossy(&answer).into_owned()
+            })
+            .collect()
     }
 
     /// Requests seen so far.
@@ -321,7 +343,10 @@ fn serve(client: TcpStream, upstream: &str, st: &ProxyState) {
         }
         st.requests.fetch_add(1, Ordering::AcqRel);
         let fault = st.plan.lock().pop_front().unwrap_or(*st.default.lock());
-        if fault == Fault::Swallow {
+        if fault == Fault::Swallow || fault == Fault::Hold {
+            if fault == Fault::Hold {
+                st.held.lock().push(request);
+            }
             st.dropped.fetch_add(1, Ordering::AcqRel);
             break;
         }
@@ -397,6 +422,28 @@ impl RawEtcd {
         Some((value, version))
     }
 
+    /// Puts `value` at every key that starts with `prefix`; returns how many.
+    pub fn overwrite_prefix(&self, prefix: &[u8], value: &[u8]) -> usize {
+        let mut end = prefix.to_vec();
+        *end.last_mut().unwrap() += 1;
+        let answer = self.post(
+            "/v3/kv/range",
+            &serde_json::json!({"key": b64(prefix), "range_end": b64(&end), "keys_only": true}),
+        );
+        let keys: Vec<Vec<u8>> = answer["kvs"]
+            .as_array()
+            .map(|kvs| {
+                kvs.iter()
+                    .map(|kv| unb64(kv["key"].as_str().unwrap()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for k in &keys {
+            self.put_txn(k, value);
+        }
+        keys.len()
+    }
+
     /// Revokes every lease etcd holds (deleting the keys attached to them).
     pub fn revoke_all_leases(&self) -> usize {
         let leases = self.post("/v3/lease/leases", &serde_json::json!({}));
@@ -418,6 +465,32 @@ impl RawEtcd {
     pub fn put_txn(&self, key: &[u8], value: &[u8]) {
         let body = serde_json::json!({"success": [
             {"request_put": {"key": b64(key), "value": b64(value)}}
+        ]});
+        let answer = self.post("/v3/kv/txn", &body);
+        assert_eq!(answer["succeeded"], serde_json::Value::Bool(true));
+    }
+}
+
+impl RawEtcd {
+    /// One transaction that puts `value` at `key` and `mark` at `marker`: what a raw commit
+    /// costs with one more key written (as `EtcdStore` writes its marker slot).
+    /// With `expect`, the transaction also compares the marker's value with it (as
+    /// `EtcdStore` compares its slot).
+    pub fn put_txn_marked(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        marker: &[u8],
+        mark: &[u8],
+        expect: Option<&[u8]>,
+    ) {
+        let compare: Vec<serde_json::Value> = expect
+            .map(|e| serde_json::json!({"key": b64(marker), "target": "VALUE", "result": "EQUAL", "value": b64(e)}))
+            .into_iter()
+            .collect();
+        let body = serde_json::json!({"compare": compare, "success": [
+            {"request_put": {"key": b64(key), "value": b64(value)}},
+            {"request_put": {"key": b64(marker), "value": b64(mark)}},
         ]});
         let answer = self.post("/v3/kv/txn", &body);
         assert_eq!(answer["succeeded"], serde_json::Value::Bool(true));

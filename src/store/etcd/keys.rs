@@ -6,7 +6,7 @@
 //! ```text
 //! root 'd' len name key   a row: len is the partition name's length (one byte, 1..=255)
 //! root 'p' name           the partition registry: one key per partition that has committed
-//! root 'm' client seq     a commit marker (client and seq: 8 bytes each, big-endian)
+//! root 'm' client slot    a commit-marker slot (client and slot: 8 bytes each, big-endian)
 //! root 'c'                written once per open: its revision names the client
 //! ```
 //!
@@ -80,12 +80,20 @@ impl Layout {
         key.strip_prefix(self.root.as_slice())?.strip_prefix(b"p")
     }
 
-    /// The commit marker of batch `seq` of client `client`.
-    pub(crate) fn marker_key(&self, client: u64, seq: u64) -> Vec<u8> {
+    /// Commit-marker slot `slot` of client `client`.
+    pub(crate) fn marker_key(&self, client: u64, slot: u64) -> Vec<u8> {
         let mut k = self.tagged(b'm', 16);
         k.extend_from_slice(&client.to_be_bytes());
-        k.extend_from_slice(&seq.to_be_bytes());
+        k.extend_from_slice(&slot.to_be_bytes());
         k
+    }
+
+    /// Every marker slot of client `client`: `[start, end)`.
+    pub(crate) fn marker_range(&self, client: u64) -> (Vec<u8>, Vec<u8>) {
+        let mut start = self.tagged(b'm', 8);
+        start.extend_from_slice(&client.to_be_bytes());
+        let end = prefix_end(&start);
+        (start, end)
     }
 
     /// The key written at open, whose revision names the client.

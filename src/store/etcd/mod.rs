@@ -4,28 +4,31 @@
 //! blocking HTTP client ([`client`]). Calls nothing above the store. docs/etcd.md describes the
 //! mapping, the limits and the fault handling.
 //!
-//! Lock order: the lease mutex is the only lock; it is held while a new lease is granted (one
-//! request, once per half lease lifetime) and never while a batch is sent.
+//! Locks: the pool of marker slots and the set of partitions known to exist, each held only to
+//! take or put back an entry, never across a request and never both at once.
 
+mod builder;
 mod client;
 mod keys;
 mod txn;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+pub use builder::EtcdStoreBuilder;
 
-use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
 use serde_json::json;
 
-use self::client::{Client, Failure, LeaseGrantResponse, PutResponse, RangeResponse, TxnResponse};
+use self::client::{Client, Failure, RangeResponse, TxnResponse};
 use self::keys::{Layout, b64, encode_range, successor};
-use self::txn::{RESERVED_OPS, Txn};
+use self::txn::{Answer, Target, Txn};
 use super::{
     Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, Store, StoreLimits, StoreStats,
     check_key_within, check_limit, refuse_deadlines,
 };
-use crate::clock::{SharedClock, SystemClock};
+use crate::clock::SharedClock;
 use crate::error::{Error, Result};
 
 /// etcd's default `--max-txn-ops`.
@@ -39,150 +42,19 @@ const REQUEST_OVERHEAD_BYTES: usize = 512 * 1024;
 /// Keys asked for per range request; a scan page larger than this is read in several requests
 /// pinned to the first one's revision.
 const RANGE_PAGE: usize = 512;
+/// Partitions remembered as existing (so their registry key is not written again); past this
+/// many, batches of other partitions simply write it again.
+const KNOWN_PARTITIONS: usize = 1 << 20;
 
 /// Key-value pairs as etcd answered them.
 type Rows = Vec<(Vec<u8>, Vec<u8>)>;
 
-/// Builds an [`EtcdStore`]. See [`EtcdStore::builder`].
-#[derive(Debug, Clone)]
-pub struct EtcdStoreBuilder {
-    endpoint: String,
-    root: Vec<u8>,
-    clock: SharedClock,
-    timeout: Duration,
-    attempts: u32,
-    marker_ttl: Duration,
-    max_txn_ops: usize,
-    max_request_bytes: usize,
-    connections: usize,
-    #[cfg(feature = "etcd-test-hooks")]
-    no_marker: bool,
-}
-
-impl EtcdStoreBuilder {
-    /// The root prefix of every key this store writes (default `portcullis/`). Stores that share
-    /// one etcd need roots of which none is a prefix of another.
-    pub fn prefix(mut self, root: impl Into<Vec<u8>>) -> Self {
-        self.root = root.into();
-        self
-    }
-
-    /// The clock [`Store::now_ms`] reads (default: the system clock). etcd evaluates no
-    /// deadline, so nothing in the store depends on it.
-    pub fn clock(mut self, clock: SharedClock) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// How long one request may take before its answer counts as lost (default 10 s).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// How many times a request is sent before giving up (default 4; at least 1). A write whose
-    /// answer was lost is sent again unchanged: its commit marker makes a second commit
-    /// impossible.
-    pub fn attempts(mut self, attempts: u32) -> Self {
-        self.attempts = attempts.max(1);
-        self
-    }
-
-    /// How long commit markers live (default 10 minutes, at least 10 s). A request must never
-    /// be delayed longer than half of this inside the network or etcd (docs/etcd.md).
-    pub fn marker_ttl(mut self, ttl: Duration) -> Self {
-        self.marker_ttl = ttl.max(Duration::from_secs(10));
-        self
-    }
-
-    /// The server's `--max-txn-ops` (default 128), from which the batch limits are derived.
-    pub fn max_txn_ops(mut self, ops: usize) -> Self {
-        self.max_txn_ops = ops;
-        self
-    }
-
-    /// The server's `--max-request-bytes` (default 1.5 MiB), from which the batch limits are
-    /// derived.
-    pub fn max_request_bytes(mut self, bytes: usize) -> Self {
-        self.max_request_bytes = bytes;
-        self
-    }
-
-    /// Idle connections kept for reuse (default 64): at least the number of threads that use
-    /// the store at once, or connections are opened and closed per request.
-    pub fn connections(mut self, connections: usize) -> Self {
-        self.connections = connections.max(1);
-        self
-    }
-
-    /// Test hook: send batches without a commit marker, so a lost answer followed by a resend
-    /// can apply a batch twice (the negative control of the fault tests).
-    #[cfg(feature = "etcd-test-hooks")]
-    pub fn without_commit_marker(mut self) -> Self {
-        self.no_marker = true;
-        self
-    }
-
-    /// Connects: names this client (one put) and grants the lease its commit markers live on.
-    /// Fails with [`Error::Unavailable`] when etcd cannot be reached.
-    pub fn open(self) -> Result<EtcdStore> {
-        if self.root.is_empty() || self.root.len() > 64 {
-            return Err(Error::invalid("an etcd root prefix must be 1 to 64 bytes"));
-        }
-        let max_ops = self.max_txn_ops.saturating_sub(RESERVED_OPS) / 2;
-        if max_ops < 8 || self.max_request_bytes < REQUEST_OVERHEAD_BYTES + 64 * 1024 {
-            return Err(Error::invalid(format!(
-                "etcd limits of {} operations and {} bytes per request leave no room for a \
-                 batch; use etcd's defaults (128, 1.5 MiB) or larger",
-                self.max_txn_ops, self.max_request_bytes
-            )));
-        }
-        let batch_bytes = self.max_request_bytes - REQUEST_OVERHEAD_BYTES;
-        let limits = StoreLimits::DEFAULT
-            .with_max_batch_ops(max_ops)
-            .with_max_batch_bytes(batch_bytes)
-            .with_max_value_bytes(batch_bytes - super::MAX_KEY_BYTES);
-        let client = Client::new(&self.endpoint, self.timeout, self.connections)?;
-        let layout = Layout::new(self.root);
-        let store = EtcdStore {
-            client,
-            layout,
-            clock: self.clock,
-            limits,
-            attempts: self.attempts,
-            marker_ttl: self.marker_ttl,
-            client_id: 0,
-            seq: AtomicU64::new(0),
-            lease: Mutex::new(Lease {
-                id: 0,
-                granted: Instant::now(),
-            }),
-            batches: AtomicU64::new(0),
-            closed: AtomicBool::new(false),
-            #[cfg(feature = "etcd-test-hooks")]
-            no_marker: self.no_marker,
-        };
-        let named: PutResponse = store.request(
-            "/v3/kv/put",
-            &json!({"key": b64(&store.layout.client_key())}),
-        )?;
-        let mut store = store;
-        store.client_id = named.header.revision.0 as u64;
-        store.renew_lease(&mut store.lease.lock())?;
-        log::info!(
-            "etcd store opened at {} (client {}, root {})",
-            store.client.endpoint(),
-            store.client_id,
-            store.layout.root().escape_ascii()
-        );
-        Ok(store)
-    }
-}
-
+/// A commit-marker slot of this client: an etcd key, and the value it holds as last known.
+/// Only the batch that took the slot changes it, so the value is exact while the slot is free.
 #[derive(Debug)]
-struct Lease {
-    id: i64,
-    granted: Instant,
+struct Slot {
+    key: Vec<u8>,
+    value: Vec<u8>,
 }
 
 /// The store contract over etcd (SPEC S9, S11), through etcd's v3 JSON gateway with a blocking
@@ -210,11 +82,15 @@ pub struct EtcdStore {
     clock: SharedClock,
     limits: StoreLimits,
     attempts: u32,
-    marker_ttl: Duration,
     /// The revision of this client's put at open: unique among every client of the cluster.
     client_id: u64,
+    /// Numbers batches (from 1): a slot holding "c" + n says batch n committed.
     seq: AtomicU64,
-    lease: Mutex<Lease>,
+    /// Marker slots not in use, with the value each holds in etcd.
+    slots: Mutex<Vec<Slot>>,
+    next_slot: AtomicU64,
+    /// Partitions known to exist: their registry key need not be written again.
+    known: RwLock<HashSet<Partition>>,
     batches: AtomicU64,
     closed: AtomicBool,
     #[cfg(feature = "etcd-test-hooks")]
@@ -224,19 +100,7 @@ pub struct EtcdStore {
 impl EtcdStore {
     /// A builder for a store on etcd at `endpoint` (`host:port` or `http://host:port`).
     pub fn builder(endpoint: impl Into<String>) -> EtcdStoreBuilder {
-        EtcdStoreBuilder {
-            endpoint: endpoint.into(),
-            root: b"portcullis/".to_vec(),
-            clock: Arc::new(SystemClock),
-            timeout: Duration::from_secs(10),
-            attempts: 4,
-            marker_ttl: Duration::from_secs(600),
-            max_txn_ops: ETCD_DEFAULT_MAX_TXN_OPS,
-            max_request_bytes: ETCD_DEFAULT_MAX_REQUEST_BYTES,
-            connections: 64,
-            #[cfg(feature = "etcd-test-hooks")]
-            no_marker: false,
-        }
+        EtcdStoreBuilder::new(endpoint.into())
     }
 
     fn check_open(&self) -> Result<()> {
@@ -296,26 +160,40 @@ impl EtcdStore {
         }
     }
 
-    /// Grants a fresh lease for commit markers. Called with the lease mutex held.
-    fn renew_lease(&self, lease: &mut Lease) -> Result<()> {
-        let ttl = self.marker_ttl.as_secs();
-        let granted: LeaseGrantResponse =
-            self.request("/v3/lease/grant", &json!({"TTL": ttl.to_string()}))?;
-        *lease = Lease {
-            id: granted.id.0,
-            granted: Instant::now(),
-        };
-        log::debug!("etcd store {}: marker lease {:x}", self.client_id, lease.id);
-        Ok(())
+    /// A marker slot for one batch: a free one, or a new one (one put, which gives it a value
+    /// that no compare of an older copy of any batch can match).
+    fn take_slot(&self) -> Result<Slot> {
+        if let Some(slot) = self.slots.lock().pop() {
+            return Ok(slot);
+        }
+        let id = self.next_slot.fetch_add(1, Ordering::Relaxed);
+        let key = self.layout.marker_key(self.client_id, id);
+        let value = b"i".to_vec();
+        let _: client::PutResponse = self.request(
+            "/v3/kv/put",
+            &json!({"key": b64(&key), "value": b64(&value)}),
+        )?;
+        Ok(Slot { key, value })
     }
 
-    /// The lease for a marker written now: one with at least half its lifetime left.
-    fn lease_id(&self, force_new: bool) -> Result<i64> {
-        let mut lease = self.lease.lock();
-        if force_new || lease.granted.elapsed() > self.marker_ttl / 2 {
-            self.renew_lease(&mut lease)?;
+    /// Whether resends are protected by the commit marker (always, but for the negative
+    /// control of the fault tests).
+    fn marker_checked(&self) -> bool {
+        #[cfg(feature = "etcd-test-hooks")]
+        if self.no_marker {
+            return false;
         }
-        Ok(lease.id)
+        true
+    }
+
+    /// Remembers that `p` exists (a batch of it committed, or etcd said so).
+    fn remember(&self, p: &Partition, known: bool) {
+        if !known {
+            let mut set = self.known.write();
+            if set.len() < KNOWN_PARTITIONS {
+                set.insert(p.clone());
+            }
+        }
     }
 
     /// One range request.
@@ -471,57 +349,63 @@ impl Store for EtcdStore {
         refuse_deadlines(batch, "etcd")?;
         let prefix = self.layout.data_prefix(p);
         let registry = self.layout.registry_key(p);
-        let build = || {
-            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-            Txn::build(
-                &prefix,
-                &registry,
-                &self.layout.marker_key(self.client_id, seq),
-                batch,
-            )
-        };
+        let known = self.known.read().contains(p);
+        let mut slot = self.take_slot()?;
         #[cfg_attr(not(feature = "etcd-test-hooks"), allow(unused_mut))]
-        let mut txn = build();
+        let mut seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let mut maybe_sent: Option<String> = None;
         let mut last = String::new();
-        let mut new_lease = false;
         for attempt in 0..self.attempts {
             if attempt > 0 {
                 backoff(attempt);
                 #[cfg(feature = "etcd-test-hooks")]
                 if self.no_marker {
-                    // The negative control: every attempt under a fresh marker, so a resend
-                    // cannot see that an earlier attempt committed.
-                    txn = build();
+                    // The negative control: each attempt under a fresh number, so a resend
+                    // cannot see that an earlier copy committed.
+                    seq = self.seq.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            let body = txn.body(self.lease_id(new_lease)?);
-            new_lease = false;
-            match self.client.post::<TxnResponse>("/v3/kv/txn", &body) {
-                Ok(answer) => {
-                    let outcome = txn.outcome(&answer)?;
+            let txn = Txn::build(
+                &Target {
+                    prefix: &prefix,
+                    registry: (!known).then_some(registry.as_slice()),
+                    slot_key: &slot.key,
+                    slot_value: &slot.value,
+                    seq,
+                    abort_on_refusal: maybe_sent.is_some() && self.marker_checked(),
+                },
+                batch,
+            );
+            let answer = self
+                .client
+                .post::<TxnResponse>("/v3/kv/txn", txn.body())
+                .and_then(|a| {
+                    txn.outcome(&a)
+                        .map_err(|e| Failure::Ambiguous(e.to_string()))
+                });
+            match answer {
+                Ok(Answer::Decided { outcome, slot: now }) => {
+                    slot.value = now;
+                    self.slots.lock().push(slot);
                     if outcome.is_committed() {
                         self.batches.fetch_add(1, Ordering::Relaxed);
+                        self.remember(p, known);
                     }
                     return Ok(outcome);
                 }
-                Err(Failure::Refused {
-                    code: 5,
-                    ref message,
-                }) if message.contains("lease") => {
-                    // The marker's lease is gone (expired, revoked): etcd applied nothing.
-                    log::warn!(
-                        "etcd store {}: marker lease lost ({message}); granting another",
-                        self.client_id
-                    );
-                    new_lease = true;
-                    last = message.clone();
+                Ok(Answer::SlotMoved { slot: now }) => {
+                    // An earlier copy was aborted: nothing of the batch applied, and no copy
+                    // sent so far can commit any more. Try again from the slot's new value.
+                    slot.value = now;
+                    maybe_sent = None;
+                    last = "an earlier copy was aborted".into();
                 }
                 Err(f) if f.is_transient() => {
                     last = f.describe(self.client.endpoint());
                     if !matches!(f, Failure::NotSent(_)) {
                         log::warn!(
-                            "etcd store {}: the answer to a batch on {p} was lost ({last}); sending it again",
+                            "etcd store {}: the answer to a batch on {p} was lost ({last}); \
+                             sending it again",
                             self.client_id
                         );
                         maybe_sent = Some(last.clone());
@@ -529,7 +413,8 @@ impl Store for EtcdStore {
                 }
                 Err(f) => {
                     if let Some(earlier) = maybe_sent {
-                        // A later attempt was refused, but an earlier one may have committed.
+                        // Refused now, but an earlier copy may have committed; the slot's
+                        // value is unknown, so it is not used again.
                         return Err(Error::OutcomeUnknown {
                             partition: p.to_string(),
                             detail: format!(
@@ -538,11 +423,14 @@ impl Store for EtcdStore {
                             ),
                         });
                     }
+                    self.slots.lock().push(slot);
                     return Err(self.refusal(f));
                 }
             }
         }
         match maybe_sent {
+            // The slot's value is unknown (a copy may still commit): it is not used again,
+            // and a copy still on its way finds no later batch expecting its value.
             Some(earlier) => Err(Error::OutcomeUnknown {
                 partition: p.to_string(),
                 detail: format!(
@@ -550,13 +438,16 @@ impl Store for EtcdStore {
                     self.attempts
                 ),
             }),
-            None => Err(Error::Unavailable {
-                reason: format!(
-                    "{last} (after {} attempts, nothing was applied)",
-                    self.attempts
-                ),
-                retry_after_ms: 1000,
-            }),
+            None => {
+                self.slots.lock().push(slot);
+                Err(Error::Unavailable {
+                    reason: format!(
+                        "{last} (after {} attempts, nothing was applied)",
+                        self.attempts
+                    ),
+                    retry_after_ms: 1000,
+                })
+            }
         }
     }
 
@@ -585,7 +476,11 @@ impl Store for EtcdStore {
             "/v3/kv/range",
             &json!({"key": b64(&key), "count_only": true}),
         )?;
-        Ok(answer.count.0 > 0)
+        let exists = answer.count.0 > 0;
+        if exists {
+            self.remember(p, false);
+        }
+        Ok(exists)
     }
 
     fn now_ms(&self) -> u64 {
@@ -612,9 +507,21 @@ impl Store for EtcdStore {
     }
 
     fn close(&self) -> Result<()> {
-        // The marker lease is left to expire: revoking it would delete markers that a request
-        // still in flight may need.
-        self.closed.store(true, Ordering::Release);
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // The free slots go (a slot in use by a batch still running stays, as does one whose
+        // batch's fate was unknown: a handful of small keys per process at most). A deleted
+        // slot fails every compare of a copy still on its way, as a moved one does.
+        let (start, end) = self.layout.marker_range(self.client_id);
+        let body = json!({"key": b64(&start), "range_end": b64(&end)});
+        if let Err(e) = self.request::<serde_json::Value>("/v3/kv/deleterange", &body) {
+            log::warn!(
+                "etcd store {}: could not delete its marker slots: {e}",
+                self.client_id
+            );
+        }
+        self.slots.lock().clear();
         Ok(())
     }
 }

@@ -4,10 +4,11 @@
 //! compare:  one per key guard, in order          Equals  -> VALUE  == v
 //!                                                Absent  -> CREATE == 0
 //!                                                Present -> CREATE >  0
-//!           the batch's commit marker            CREATE == 0
-//! success:  the batch's operations (normalised), the partition's registry key,
-//!           the commit marker (on a lease)
-//! failure:  read the commit marker, then every guarded key
+//!           the client's marker slot             VALUE  == its value as last known
+//! success:  the batch's operations (normalised), the partition's registry key (unless known
+//!           to exist), the slot set to "c" + the batch's number
+//! failure:  read the slot, [after a lost answer: if the slot still holds the value expected,
+//!           set it to "x" + the batch's number], then read every guarded key
 //! ```
 //!
 //! etcd refuses a transaction that puts one key twice or puts a key inside a range it deletes,
@@ -16,10 +17,10 @@
 //! the keys the batch puts afterwards. A batch of n operations becomes at most 2n etcd
 //! operations, which is why the backend's operation limit is half of etcd's.
 //!
-//! A failed transaction does not say which compare failed; its failure branch reads the marker
+//! A failed transaction does not say which compare failed; its failure branch reads the slot
 //! and every guarded key at the same revision, and the guards are evaluated in order against
 //! those values, so `PreconditionFailed { index }` names the first guard that did not hold.
-//! A marker found there means an earlier attempt of this very batch committed.
+//! The slot tells whether an earlier copy of this very batch committed (docs/etcd.md).
 
 use std::collections::BTreeMap;
 
@@ -30,65 +31,122 @@ use super::keys::{Layout, b64, encode_range, successor};
 use crate::error::{Error, Result};
 use crate::store::{Batch, Op, Outcome, Precondition, check_guards};
 
-/// etcd operations the backend adds to every batch: the registry key and the commit marker.
+/// etcd operations the backend may add to a batch: the registry key and the marker slot.
 pub(crate) const RESERVED_OPS: usize = 2;
 
-/// The transaction for one batch, ready to send (and to send again, unchanged, after a lost
-/// answer: the marker makes a second commit impossible).
+/// The slot value that says batch `seq` committed.
+pub(crate) fn committed_mark(seq: u64) -> Vec<u8> {
+    mark(b'c', seq)
+}
+
+/// The slot value that says batch `seq` was refused after a lost answer and can no longer
+/// commit.
+fn aborted_mark(seq: u64) -> Vec<u8> {
+    mark(b'x', seq)
+}
+
+fn mark(tag: u8, seq: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(9);
+    v.push(tag);
+    v.extend_from_slice(&seq.to_be_bytes());
+    v
+}
+
+/// What one answer says.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// The batch's fate is decided; the slot now holds `slot`.
+    Decided { outcome: Outcome, slot: Vec<u8> },
+    /// The transaction failed on the slot alone (an earlier copy of this batch was refused and
+    /// aborted): nothing of the batch applied; try again with the slot at `slot`.
+    SlotMoved { slot: Vec<u8> },
+}
+
+/// The transaction for one attempt of one batch.
 #[derive(Debug)]
 pub(crate) struct Txn {
     /// Key guards in order, with their index in the batch's guards.
     guards: Vec<(usize, Precondition)>,
     /// The distinct guarded keys, in the order the failure branch reads them.
     read_keys: Vec<Vec<u8>>,
-    compare: Vec<Value>,
-    success: Vec<Value>,
-    failure: Vec<Value>,
-    marker_at: usize,
+    committed: Vec<u8>,
+    /// The slot's value this attempt expects.
+    expected: Vec<u8>,
+    /// The slot value the failure branch writes when the slot still holds `expected`, if it
+    /// writes one.
+    aborted: Option<Vec<u8>>,
+    body: Value,
+}
+
+/// Where a batch goes and under which marker.
+pub(crate) struct Target<'a> {
+    /// The partition's row prefix.
+    pub(crate) prefix: &'a [u8],
+    /// The partition's registry key, unless the partition is known to exist.
+    pub(crate) registry: Option<&'a [u8]>,
+    /// The client's marker slot key and its value as last known.
+    pub(crate) slot_key: &'a [u8],
+    pub(crate) slot_value: &'a [u8],
+    /// The batch's number, unique for this client.
+    pub(crate) seq: u64,
+    /// An earlier copy may be on its way: a refusal must also abort it.
+    pub(crate) abort_on_refusal: bool,
 }
 
 impl Txn {
-    /// Builds the transaction for `batch` on the partition whose row prefix is `prefix`.
-    /// The batch has been validated; `NotAfter` has been refused.
-    pub(crate) fn build(prefix: &[u8], registry_key: &[u8], marker: &[u8], batch: &Batch) -> Txn {
+    /// Builds the transaction for `batch`. The batch has been validated; `NotAfter` refused.
+    pub(crate) fn build(t: &Target<'_>, batch: &Batch) -> Txn {
         let mut compare = Vec::with_capacity(batch.guards().len() + 1);
         let mut guards = Vec::with_capacity(batch.guards().len());
         let mut reads: BTreeMap<Vec<u8>, bool> = BTreeMap::new();
         for (index, guard) in batch.guards().iter().enumerate() {
-            let (key, c) = match guard {
+            let (key, mut c) = match guard {
                 Precondition::Equals(k, v) => (
                     k,
-                    json!({"key": "", "target": "VALUE", "result": "EQUAL", "value": b64(v)}),
+                    json!({"target": "VALUE", "result": "EQUAL", "value": b64(v)}),
                 ),
                 Precondition::Absent(k) => (
                     k,
-                    json!({"key": "", "target": "CREATE", "result": "EQUAL", "create_revision": "0"}),
+                    json!({"target": "CREATE", "result": "EQUAL", "create_revision": "0"}),
                 ),
                 Precondition::Present(k) => (
                     k,
-                    json!({"key": "", "target": "CREATE", "result": "GREATER", "create_revision": "0"}),
+                    json!({"target": "CREATE", "result": "GREATER", "create_revision": "0"}),
                 ),
                 Precondition::NotAfter(_) => unreachable!("refused before building"),
             };
-            let mut c = c;
-            c["key"] = Value::String(b64(&Layout::data_key(prefix, key)));
+            c["key"] = Value::String(b64(&Layout::data_key(t.prefix, key)));
             compare.push(c);
             guards.push((index, guard.clone()));
             *reads.entry(key.clone()).or_default() |= matches!(guard, Precondition::Equals(..));
         }
-        compare.push(json!({"key": b64(marker), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}));
+        let slot = b64(t.slot_key);
+        compare.push(
+            json!({"key": slot, "target": "VALUE", "result": "EQUAL", "value": b64(t.slot_value)}),
+        );
 
-        let mut success = normalise(prefix, batch.ops());
-        success.push(json!({"request_put": {"key": b64(registry_key)}}));
-        let marker_at = success.len();
-        success.push(json!({"request_put": {"key": b64(marker)}}));
+        let committed = committed_mark(t.seq);
+        let mut success = normalise(t.prefix, batch.ops());
+        if let Some(registry) = t.registry {
+            success.push(json!({"request_put": {"key": b64(registry)}}));
+        }
+        success.push(json!({"request_put": {"key": slot, "value": b64(&committed)}}));
 
-        let mut failure = Vec::with_capacity(reads.len() + 1);
-        failure.push(json!({"request_range": {"key": b64(marker), "count_only": true}}));
+        let mut failure = Vec::with_capacity(reads.len() + 2);
+        failure.push(json!({"request_range": {"key": slot}}));
+        let aborted = t.abort_on_refusal.then(|| aborted_mark(t.seq));
+        if let Some(aborted) = &aborted {
+            // Conditional, so that a committed mark (an earlier copy committed) is never
+            // overwritten.
+            failure.push(json!({"request_txn": {
+                "compare": [{"key": slot, "target": "VALUE", "result": "EQUAL", "value": b64(t.slot_value)}],
+                "success": [{"request_put": {"key": slot, "value": b64(aborted)}}],
+            }}));
+        }
         let mut read_keys = Vec::with_capacity(reads.len());
         for (key, needs_value) in reads {
             failure.push(json!({"request_range": {
-                "key": b64(&Layout::data_key(prefix, &key)),
+                "key": b64(&Layout::data_key(t.prefix, &key)),
                 "keys_only": !needs_value,
             }}));
             read_keys.push(key);
@@ -96,26 +154,25 @@ impl Txn {
         Txn {
             guards,
             read_keys,
-            compare,
-            success,
-            failure,
-            marker_at,
+            committed,
+            expected: t.slot_value.to_vec(),
+            aborted,
+            body: json!({"compare": compare, "success": success, "failure": failure}),
         }
     }
 
-    /// The request body, with the marker on `lease` (0: no lease).
-    pub(crate) fn body(&self, lease: i64) -> Value {
-        let mut success = self.success.clone();
-        if lease != 0 {
-            success[self.marker_at]["request_put"]["lease"] = Value::String(lease.to_string());
-        }
-        json!({"compare": self.compare, "success": success, "failure": self.failure})
+    /// The request body.
+    pub(crate) fn body(&self) -> &Value {
+        &self.body
     }
 
     /// What etcd's answer means for the batch.
-    pub(crate) fn outcome(&self, answer: &TxnResponse) -> Result<Outcome> {
+    pub(crate) fn outcome(&self, answer: &TxnResponse) -> Result<Answer> {
         if answer.succeeded {
-            return Ok(Outcome::Committed);
+            return Ok(Answer::Decided {
+                outcome: Outcome::Committed,
+                slot: self.committed.clone(),
+            });
         }
         let ranges: Vec<&RangeResponse> = answer
             .responses
@@ -125,9 +182,20 @@ impl Txn {
         if ranges.len() != self.read_keys.len() + 1 {
             return Err(inconsistent("the failure branch's reads are missing"));
         }
-        if ranges[0].count.0 > 0 {
-            // The marker exists: an earlier attempt of this batch committed.
-            return Ok(Outcome::Committed);
+        let Some(found) = ranges[0].kvs.first().map(|kv| kv.value.0.clone()) else {
+            return Err(inconsistent("the marker slot is missing"));
+        };
+        // What the slot holds now: the abort mark if this answer wrote it, else what it read.
+        let slot = match &self.aborted {
+            Some(aborted) if found == self.expected => aborted.clone(),
+            _ => found.clone(),
+        };
+        if found == self.committed {
+            // An earlier copy of this batch committed.
+            return Ok(Answer::Decided {
+                outcome: Outcome::Committed,
+                slot,
+            });
         }
         let mut values: BTreeMap<&[u8], Option<Vec<u8>>> = BTreeMap::new();
         for (key, range) in self.read_keys.iter().zip(&ranges[1..]) {
@@ -136,12 +204,15 @@ impl Txn {
         let guards: Vec<Precondition> = self.guards.iter().map(|(_, g)| g.clone()).collect();
         let refused = check_guards(&guards, || 0, |k| Ok(values.get(k).cloned().flatten()))?;
         match refused {
-            Some(Outcome::PreconditionFailed { index }) => Ok(Outcome::PreconditionFailed {
-                index: self.guards[index].0,
+            Some(Outcome::PreconditionFailed { index }) => Ok(Answer::Decided {
+                outcome: Outcome::PreconditionFailed {
+                    index: self.guards[index].0,
+                },
+                slot,
             }),
-            _ => Err(inconsistent(
-                "the transaction failed but every guard holds at its revision",
-            )),
+            // Every guard holds: the slot alone failed (it moved past the value this attempt
+            // expected, when an earlier copy was aborted).
+            _ => Ok(Answer::SlotMoved { slot }),
         }
     }
 }

@@ -1,0 +1,158 @@
+//! Configuration and opening of an [`EtcdStore`].
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use serde_json::json;
+
+use super::client::{Client, PutResponse};
+use super::keys::{Layout, b64};
+use super::txn::RESERVED_OPS;
+use super::{
+    ETCD_DEFAULT_MAX_REQUEST_BYTES, ETCD_DEFAULT_MAX_TXN_OPS, EtcdStore, REQUEST_OVERHEAD_BYTES,
+};
+use crate::clock::{SharedClock, SystemClock};
+use crate::error::{Error, Result};
+use crate::store::{MAX_KEY_BYTES, StoreLimits};
+
+/// Builds an [`EtcdStore`]. See [`EtcdStore::builder`].
+#[derive(Debug, Clone)]
+pub struct EtcdStoreBuilder {
+    endpoint: String,
+    root: Vec<u8>,
+    clock: SharedClock,
+    timeout: Duration,
+    attempts: u32,
+    max_txn_ops: usize,
+    max_request_bytes: usize,
+    connections: usize,
+    #[cfg(feature = "etcd-test-hooks")]
+    no_marker: bool,
+}
+
+impl EtcdStoreBuilder {
+    pub(super) fn new(endpoint: String) -> Self {
+        EtcdStoreBuilder {
+            endpoint,
+            root: b"portcullis/".to_vec(),
+            clock: Arc::new(SystemClock),
+            timeout: Duration::from_secs(10),
+            attempts: 4,
+            max_txn_ops: ETCD_DEFAULT_MAX_TXN_OPS,
+            max_request_bytes: ETCD_DEFAULT_MAX_REQUEST_BYTES,
+            connections: 64,
+            #[cfg(feature = "etcd-test-hooks")]
+            no_marker: false,
+        }
+    }
+
+    /// The root prefix of every key this store writes (default `portcullis/`, 1 to 64 bytes).
+    /// Stores that share one etcd need roots of which none is a prefix of another.
+    pub fn prefix(mut self, root: impl Into<Vec<u8>>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// The clock [`Store::now_ms`](crate::store::Store::now_ms) reads (default: the system
+    /// clock). etcd evaluates no deadline, so nothing in the store depends on it.
+    pub fn clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// How long one request may take before its answer counts as lost (default 10 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How many times a request is sent before giving up (default 4; at least 1). A batch
+    /// whose answer was lost is sent again under the same commit marker, which makes a second
+    /// commit impossible.
+    pub fn attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts.max(1);
+        self
+    }
+
+    /// The server's `--max-txn-ops` (default 128), from which the batch limits are derived.
+    pub fn max_txn_ops(mut self, ops: usize) -> Self {
+        self.max_txn_ops = ops;
+        self
+    }
+
+    /// The server's `--max-request-bytes` (default 1.5 MiB), from which the batch limits are
+    /// derived.
+    pub fn max_request_bytes(mut self, bytes: usize) -> Self {
+        self.max_request_bytes = bytes;
+        self
+    }
+
+    /// Idle connections kept for reuse (default 64): at least the number of threads that use
+    /// the store at once, or connections are opened and closed per request.
+    pub fn connections(mut self, connections: usize) -> Self {
+        self.connections = connections.max(1);
+        self
+    }
+
+    /// Test hook: each attempt of a batch under a fresh commit marker, so a resend after a lost
+    /// answer cannot see that an earlier copy committed (the negative control of the fault
+    /// tests).
+    #[cfg(feature = "etcd-test-hooks")]
+    pub fn without_commit_marker(mut self) -> Self {
+        self.no_marker = true;
+        self
+    }
+
+    /// Connects and names this client (one put, whose revision is unique in the cluster).
+    /// Fails with [`Error::Unavailable`] when etcd cannot be reached.
+    pub fn open(self) -> Result<EtcdStore> {
+        if self.root.is_empty() || self.root.len() > 64 {
+            return Err(Error::invalid("an etcd root prefix must be 1 to 64 bytes"));
+        }
+        let max_ops = self.max_txn_ops.saturating_sub(RESERVED_OPS) / 2;
+        if max_ops < 8 || self.max_request_bytes < REQUEST_OVERHEAD_BYTES + 64 * 1024 {
+            return Err(Error::invalid(format!(
+                "etcd limits of {} operations and {} bytes per request leave no room for a \
+                 batch; use etcd's defaults (128, 1.5 MiB) or larger",
+                self.max_txn_ops, self.max_request_bytes
+            )));
+        }
+        let batch_bytes = self.max_request_bytes - REQUEST_OVERHEAD_BYTES;
+        let limits = StoreLimits::DEFAULT
+            .with_max_batch_ops(max_ops)
+            .with_max_batch_bytes(batch_bytes)
+            .with_max_value_bytes(batch_bytes - MAX_KEY_BYTES);
+        let client = Client::new(&self.endpoint, self.timeout, self.connections)?;
+        let mut store = EtcdStore {
+            client,
+            layout: Layout::new(self.root),
+            clock: self.clock,
+            limits,
+            attempts: self.attempts,
+            client_id: 0,
+            seq: AtomicU64::new(1),
+            slots: Mutex::new(Vec::new()),
+            next_slot: AtomicU64::new(0),
+            known: RwLock::new(HashSet::new()),
+            batches: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+            #[cfg(feature = "etcd-test-hooks")]
+            no_marker: self.no_marker,
+        };
+        let named: PutResponse = store.request(
+            "/v3/kv/put",
+            &json!({"key": b64(&store.layout.client_key())}),
+        )?;
+        store.client_id = u64::try_from(named.header.revision.0).unwrap_or(0);
+        log::info!(
+            "etcd store opened at {} (client {}, root {})",
+            store.client.endpoint(),
+            store.client_id,
+            store.layout.root().escape_ascii()
+        );
+        Ok(store)
+    }
+}
