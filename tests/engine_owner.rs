@@ -556,6 +556,54 @@ fn r3_a_listing_error_at_close_keeps_the_owed_repair() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Idempotent deferral (issue 10 item 3).
+
+#[test]
+fn r8_a_retried_deferral_after_an_ambiguous_failure_is_not_doubled() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).open().unwrap();
+    let e = entity(1);
+    engine.register(&e).unwrap();
+    // The deferral commits, then the call fails (its answer is lost): the caller cannot tell.
+    store.set_after_apply(|p, _| {
+        if p.as_bytes().starts_with(b"e/") {
+            panic!("the answer was lost after the commit");
+        }
+    });
+    let lost = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        engine.defer_once(&e, b"req-1", b"pay".to_vec())
+    }));
+    assert!(lost.is_err());
+    store.clear_hooks();
+    // The retry learns the record is durable, and writes nothing.
+    assert_eq!(
+        engine.defer_once(&e, b"req-1", b"pay".to_vec()).unwrap(),
+        Deferred::AlreadyAccepted
+    );
+    assert_eq!(payloads(&engine, &e).unwrap(), recs(&["pay"]));
+    // Restored now: a retry still writes nothing; a new id appends.
+    assert_eq!(
+        engine.defer_once(&e, b"req-1", b"pay".to_vec()).unwrap(),
+        Deferred::AlreadyAccepted
+    );
+    assert!(matches!(
+        engine.defer_once(&e, b"req-2", b"pay".to_vec()).unwrap(),
+        Deferred::Applied { seq: 2 }
+    ));
+    assert_eq!(
+        engine.defer_once(&e, b"req-2", b"pay".to_vec()).unwrap(),
+        Deferred::AlreadyAccepted
+    );
+    assert_eq!(payloads(&engine, &e).unwrap(), recs(&["pay", "pay"]));
+    // Negative control: the plain `defer`, retried, doubles the work.
+    engine.defer(&e, b"x".to_vec()).unwrap();
+    engine.defer(&e, b"x".to_vec()).unwrap();
+    assert_eq!(payloads(&engine, &e).unwrap().len(), 4);
+    assert!(engine.defer_once(&e, b"", b"x".to_vec()).is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
 // Negative control (feature `test-hooks`): with the engine's entity writes sent around the
 // fence, as before SPEC F11, the checks above catch it.
 

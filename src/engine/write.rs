@@ -27,6 +27,9 @@ pub enum Deferred {
     /// The entity is pending: the record is stored durably and will be applied inside its
     /// restore unit.
     Queued,
+    /// A deferral with the same id ([`Engine::defer_once`]) was accepted before; nothing was
+    /// written this time.
+    AlreadyAccepted,
     /// The entity was already restored: the record was appended at this sequence number.
     Applied {
         /// Its sequence number.
@@ -75,6 +78,17 @@ impl<M: StateMachine> Engine<M> {
         entity: &EntityId,
         decide: impl FnOnce(&M::State) -> (Vec<Vec<u8>>, T),
     ) -> Result<Written<T>> {
+        self.write_extra(entity, Batch::new(), decide)
+    }
+
+    /// [`write`](Self::write) with `extra` guards and operations in the same batch. A failed
+    /// `extra` guard writes nothing and answers `seqs: None`.
+    fn write_extra<T>(
+        &self,
+        entity: &EntityId,
+        extra: Batch,
+        decide: impl FnOnce(&M::State) -> (Vec<Vec<u8>>, T),
+    ) -> Result<Written<T>> {
         let _open = self.enter()?;
         let slot = self.touch_for_write(entity)?;
         let mut decide = Some(decide);
@@ -94,7 +108,7 @@ impl<M: StateMachine> Engine<M> {
             // through the fence under the namespace's grant: the fence puts its lease guard and
             // deadline in front of it, renews the lease if needed and re-plans a bounded number
             // of times (SPEC F2, F3, F11).
-            let prepared = log::prepare_append(&loaded.head, &records, Batch::new())?;
+            let prepared = log::prepare_append(&loaded.head, &records, extra.clone())?;
             // From here until the state has folded every record, an unwind (a panic in the
             // store or the fence after the commit) leaves nobody able to tell what the state
             // holds: the guard fails the entity closed (SPEC R5).
@@ -102,6 +116,11 @@ impl<M: StateMachine> Engine<M> {
             let outcome = self.inner.owned.apply(&entity.partition(), &prepared.batch);
             let appended = match outcome {
                 Ok(Outcome::Committed) => prepared.appended,
+                Ok(Outcome::PreconditionFailed { index }) if index > 0 => {
+                    // One of `extra`'s guards: nothing was written.
+                    unsure.disarm();
+                    return Ok(Written { seqs: None, value });
+                }
                 Ok(Outcome::PreconditionFailed { index: 0 }) => {
                     unsure.disarm();
                     let moved = Guarded::<()>::HeadMoved;
@@ -190,12 +209,42 @@ impl<M: StateMachine> Engine<M> {
         let _open = self.enter()?;
         self.inner.owners.serving(entity.namespace())?;
         self.check_records(std::slice::from_ref(&record))?;
-        let deferral = self.registering(entity, || self.inner.restorer.defer(entity, &record))?;
+        self.defer_with(entity, record, Batch::new())
+    }
+
+    /// [`defer`](Self::defer), at most once per `id` for the entity (issue: a retry after an
+    /// ambiguous failure must not double the work). The record and a marker of `id` commit in
+    /// one batch, guarded on the marker being absent, so a retry of a deferral that did commit
+    /// (its answer was lost, or an error came after the commit) writes nothing and answers
+    /// [`Deferred::AlreadyAccepted`]: the caller learns the record is durable. Markers are kept
+    /// (one small row per id); choose ids the application can bound (request ids, say).
+    /// `id` is 1 to 256 bytes.
+    pub fn defer_once(&self, entity: &EntityId, id: &[u8], record: Vec<u8>) -> Result<Deferred> {
+        if id.is_empty() || id.len() > 256 {
+            return Err(Error::invalid("a deferral id must be 1 to 256 bytes"));
+        }
+        let _open = self.enter()?;
+        self.inner.owners.serving(entity.namespace())?;
+        self.check_records(std::slice::from_ref(&record))?;
+        let marker = crate::restore::keys::defer_id_key(id);
+        let extra = Batch::new().absent(marker.clone()).put(marker, Vec::new());
+        self.defer_with(entity, record, extra)
+    }
+
+    fn defer_with(&self, entity: &EntityId, record: Vec<u8>, extra: Batch) -> Result<Deferred> {
+        let deferral = self.registering(entity, || {
+            self.inner.restorer.defer(entity, &record, &extra)
+        })?;
         match deferral {
             Deferral::Queued => Ok(Deferred::Queued),
+            Deferral::Duplicate => Ok(Deferred::AlreadyAccepted),
             Deferral::AlreadyRestored => {
-                let seqs = self.append(entity, vec![record])?;
-                Ok(Deferred::Applied { seq: *seqs.start() })
+                let records = vec![record];
+                let written = self.write_extra(entity, extra, move |_| (records, ()))?;
+                Ok(match written.seqs {
+                    Some(seqs) => Deferred::Applied { seq: *seqs.start() },
+                    None => Deferred::AlreadyAccepted,
+                })
             }
         }
     }

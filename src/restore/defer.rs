@@ -21,14 +21,19 @@ impl<M: StateMachine> Restorer<M> {
     /// The row is written without the gate's mutex (a slow sync stalls nobody else, SPEC R11);
     /// a count of deferrals in flight in the pending phase keeps the unit from starting, and
     /// scanning the rows, until the row is committed or refused.
-    pub(crate) fn defer(&self, entity: &EntityId, record: &[u8]) -> Result<Deferral> {
+    pub(crate) fn defer(
+        &self,
+        entity: &EntityId,
+        record: &[u8],
+        extra: &Batch,
+    ) -> Result<Deferral> {
         if restoring::is_restoring(self.owner(), entity) && restoring::held(self.owner()).is_none()
         {
             // Code inside the entity's own unit (its repair, say) defers work to it: this
             // thread runs the unit, so the row is written at once, and the unit drains it
             // before the entity is served (SPEC R3, R8).
             let arrival = self.arrivals.fetch_add(1, Ordering::Relaxed);
-            return self.write_deferral(entity, arrival, record);
+            return self.write_deferral(entity, arrival, record, extra);
         }
         self.check_reentry(entity)?;
         let slot = self.slot(entity)?;
@@ -56,16 +61,31 @@ impl<M: StateMachine> Restorer<M> {
         };
         drop(phase);
         let in_flight = InFlight(&slot.gate);
-        let written = self.write_deferral(entity, arrival, record);
+        let written = self.write_deferral(entity, arrival, record, extra);
         drop(in_flight);
         written
     }
 
     /// Writes one deferred row; reports it to the metrics hook once committed (no lock held).
-    fn write_deferral(&self, entity: &EntityId, arrival: u64, record: &[u8]) -> Result<Deferral> {
+    /// `extra` (guards and operations) commits in the same batch, after the row's own guard.
+    fn write_deferral(
+        &self,
+        entity: &EntityId,
+        arrival: u64,
+        record: &[u8],
+        extra: &Batch,
+    ) -> Result<Deferral> {
         let key = keys::deferred_key(self.config.incarnation, arrival);
-        let batch = Batch::new().absent(key.clone()).put(key, record.to_vec());
+        let mut batch = Batch::new().absent(key.clone());
+        for guard in extra.guards() {
+            batch = batch.guard(guard.clone());
+        }
+        batch = batch.put(key, record.to_vec());
+        for op in extra.ops() {
+            batch = batch.op(op.clone());
+        }
         match self.store.apply(&entity.partition(), &batch)? {
+            Outcome::PreconditionFailed { index } if index > 0 => Ok(Deferral::Duplicate),
             Outcome::Committed => {
                 if let Some(hook) = &self.metrics {
                     hook.deferred(entity, record.len());

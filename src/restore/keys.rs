@@ -31,6 +31,14 @@ pub fn deferred_key(incarnation: u64, arrival: u64) -> Vec<u8> {
     key
 }
 
+/// The marker of an idempotent deferral's id (SPEC R8): present once a deferral with this id
+/// was accepted. Outside the deferred rows' range (`-`, not `.`).
+pub fn defer_id_key(id: &[u8]) -> Vec<u8> {
+    let mut key = b"\0defer-id.".to_vec();
+    key.extend_from_slice(id);
+    key
+}
+
 /// Every deferred row.
 pub fn deferred_range() -> KeyRange {
     KeyRange::prefix(DEFER_PREFIX)

@@ -62,6 +62,9 @@ pub enum Deferral {
     Queued,
     /// The entity is already restored: the caller should write the record directly.
     AlreadyRestored,
+    /// A precondition of the caller's extra batch failed (for an idempotent deferral: the
+    /// same id was accepted before); nothing was written.
+    Duplicate,
 }
 
 /// Counts of entities by phase.
