@@ -6,7 +6,11 @@
 //! still live there to the journal's tail and writes a fresh base record; then it syncs, writes
 //! a heads snapshot past all of that, and only then deletes the victims. A crash between any
 //! two steps leaves extra data, never missing data. Writers of a partition wait only while that
-//! one partition is rewritten; readers never wait.
+//! one partition is rewritten; readers wait only while compaction waits, before deleting, for
+//! the readers that took a location into a victim before it was moved (`Journal::pin`).
+//! Segments are read through a bounded window and values copied in bounded records, so memory
+//! does not grow with segment or partition size. See docs/DESIGN.md, "Compaction", for what is
+//! guaranteed and what is not.
 
 use std::collections::HashSet;
 use std::sync::Arc;
