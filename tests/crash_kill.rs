@@ -37,6 +37,22 @@ fn builder(dir: &Path) -> FileStoreBuilder {
         .base_every_records(8)
 }
 
+/// Opens the store in a child. Another test thread of the parent may fork a child of its own
+/// while the parent holds the store open; until that child execs, it shares the parent's lock
+/// on `LOCK`, so this open can briefly see `Locked`. Retry that one error, bounded.
+fn open_in_child(dir: &Path) -> FileStore {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match builder(dir).open() {
+            Ok(store) => return store,
+            Err(portcullis::Error::Locked { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("the child opens the store: {e}"),
+        }
+    }
+}
+
 /// Child mode; a no-op when run as an ordinary test.
 #[test]
 fn child_process() {
@@ -48,7 +64,7 @@ fn child_process() {
     let mut out = std::io::stdout().lock();
     match mode {
         "write" => {
-            let store = builder(dir).open().expect("the child opens the store");
+            let store = open_in_child(dir);
             // Resume after the newest batch on disk; the parent has checked it is a prefix.
             let state = read_state(&store).expect("the child reads the store");
             let mut n = newest_batch(&state).expect("a workload state") + 1;

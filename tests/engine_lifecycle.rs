@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::engine::{TestMachine, TestStore, builder, entity, payloads, within};
 use crossbeam::channel;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use portcullis::fence::{DriverLimits, FenceHooks, HookPoint};
 use portcullis::{EntityId, Error, ManualClock};
 
@@ -87,13 +87,28 @@ fn r11_close_is_bounded_when_a_unit_does_not_end() {
 
 /// Records the name of the thread a revocation slice runs on.
 #[derive(Debug, Default)]
-struct SliceThreads(Mutex<Vec<Option<String>>>);
+struct SliceThreads(Mutex<Vec<Option<String>>>, Condvar);
 
 impl FenceHooks for SliceThreads {
     fn at(&self, point: HookPoint, _: Option<&EntityId>) {
         if point == HookPoint::SliceBeforeCheckpoint {
             let name = std::thread::current().name().map(str::to_owned);
             self.0.lock().push(name);
+            self.1.notify_all();
+        }
+    }
+}
+
+impl SliceThreads {
+    /// Waits (bounded) until at least one slice has run, so close meets a running driver.
+    fn wait_for_a_slice(&self) {
+        let mut names = self.0.lock();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while names.is_empty() {
+            assert!(
+                !self.1.wait_until(&mut names, deadline).timed_out(),
+                "no revocation slice ran within 30 s"
+            );
         }
     }
 }
@@ -121,6 +136,7 @@ fn r11_close_stops_the_revocation_driver_which_runs_on_the_engines_pool() {
         ..DriverLimits::default()
     };
     let handle = engine.fence().revoke_in_background(&ns, limits);
+    threads.wait_for_a_slice();
     {
         let engine = engine.clone();
         within("close with a revocation driver running", move || {
