@@ -68,6 +68,7 @@ pub(super) struct Background {
 
 impl Background {
     /// Background compactions started since open.
+    #[cfg(feature = "test-hooks")]
     pub(super) fn started(&self) -> u64 {
         self.counts.lock().0
     }
