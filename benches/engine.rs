@@ -497,7 +497,7 @@ fn main() {
                             let engine = open_engine(built.dir.path(), threads, &metrics);
                             let before = sched();
                             let warm_started = Instant::now();
-                            let progress = engine.warm().expect("warm").wait();
+                            let progress = engine.warm().expect("warm").wait().expect("wait");
                             let took = started.elapsed();
                             let warm_took = warm_started.elapsed();
                             let after = sched();

@@ -127,7 +127,7 @@ fn main() -> Result<()> {
         general.messages,
         general.last.map(|(author, _)| author)
     );
-    let progress = warm.wait();
+    let progress = warm.wait()?;
     let (total, contained) = engine.fold_all(0, |sum, _, room| sum + room.messages)?;
     assert_eq!(total, (WRITERS * POSTS_PER_WRITER) as u64);
     assert_eq!(contained, 0);

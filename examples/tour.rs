@@ -659,7 +659,7 @@ fn reopen_after_the_crash(
 
     // Every room is owed the repair, not only the ones touched: warm the rest so each gets it
     // now, exactly once. (Had this incarnation closed first, the next would still owe it.)
-    engine.warm()?.wait();
+    engine.warm()?.wait()?;
     // The repair is owed for `chat`, whose writer died; `moderation` was released cleanly.
     let rooms_total = engine
         .entities()?

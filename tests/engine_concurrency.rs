@@ -146,7 +146,7 @@ fn r2_r6_ten_thousand_entities_from_eight_threads_during_a_warm_restore_once_eac
     for t in threads {
         t.join().unwrap();
     }
-    let progress = warm.wait();
+    let progress = warm.wait().unwrap();
     assert!(progress.finished && !progress.stopped);
     assert_eq!(
         (progress.done, progress.total, progress.refused),
@@ -215,7 +215,7 @@ fn r6_during_a_stop_a_touch_of_a_running_unit_answers_unavailable_at_once() {
     ));
     // Let the unit finish: the stop drains, and the entity was restored exactly once.
     go_tx.send(()).unwrap();
-    let progress = warm.wait();
+    let progress = warm.wait().unwrap();
     assert!(progress.finished && progress.stopped);
     // One worker: it restored the entities before the blocked one, then the blocked one, and
     // started nothing after the stop.

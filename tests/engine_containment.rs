@@ -56,7 +56,7 @@ fn assert_contained(engine: &TestEngine, machine: &TestMachine, kind: ReasonKind
             message
         );
     }
-    engine.warm().unwrap().wait();
+    engine.warm().unwrap().wait().unwrap();
     assert_eq!(
         engine.stats().units_run,
         runs,
@@ -233,7 +233,7 @@ fn r5_r6_a_warm_survives_panics_and_counts_refusals() {
         .metrics(Arc::clone(&metrics) as Arc<dyn Metrics>)
         .open()
         .unwrap();
-    let progress = engine.warm().unwrap().wait();
+    let progress = engine.warm().unwrap().wait().unwrap();
     assert_eq!((progress.done, progress.total, progress.refused), (3, 3, 2));
     assert_eq!(payloads(&engine, &entity(0)).unwrap().len(), 2);
     assert!(engine.read(&entity(1), |_| ()).is_err());

@@ -172,7 +172,7 @@ fn r9_the_warm_summary_names_the_refused_entities() {
         .unwrap();
     }
     let engine = builder(&machine, &store).open().unwrap();
-    let progress = engine.warm().unwrap().wait();
+    let progress = engine.warm().unwrap().wait().unwrap();
     assert_eq!((progress.done, progress.refused), (22, 20));
     let named = &progress.refused_entities;
     assert_eq!(named.len(), 16, "named up to the bound");

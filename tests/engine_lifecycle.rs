@@ -82,7 +82,7 @@ fn r11_close_is_bounded_when_a_unit_does_not_end() {
         Err(Error::Closed)
     ));
     go_tx.send(()).unwrap();
-    assert!(warm.wait().finished);
+    assert!(warm.wait().unwrap().finished);
 }
 
 /// Records the name of the thread a revocation slice runs on.

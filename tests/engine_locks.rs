@@ -171,7 +171,7 @@ fn r11_a_slow_deferral_stalls_nobody_else() {
     go_tx.send(()).unwrap();
     deferring.join().unwrap().unwrap();
     store.clear_hooks();
-    engine.current_warm().unwrap().wait();
+    engine.current_warm().unwrap().wait().unwrap();
     assert_eq!(payloads(&engine, &entity(0)).unwrap(), recs(&["r", "slow"]));
 }
 
@@ -301,3 +301,48 @@ fn r11_units_that_touch_each_other_are_refused_not_deadlocked() {
     assert_eq!(machine.units_of(&entity(1)), 1);
     assert_eq!(engine.stats().units_run, 2);
 }
+
+/// R11, R6: `Warm::wait` waits for every warm worker, so called from inside a restore unit (a
+/// warm worker's own unit, which the warm cannot finish without) or from a closure that holds
+/// an entity it would wait for itself. It is refused with `WouldDeadlock` instead of hanging;
+/// from outside any call it waits as before.
+#[test]
+fn r11_warm_wait_from_inside_a_unit_or_closure_is_refused_not_deadlocked() {
+    let store = seeded(2);
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).warm_parallelism(1).open().unwrap();
+    let (warm_tx, warm_rx) = channel::unbounded::<portcullis::restore::Warm>();
+    let inner: Arc<Mutex<Vec<String>>> = Arc::default();
+    {
+        let inner = Arc::clone(&inner);
+        machine.set_hook(move |_| {
+            // The unit runs on the warm's only worker; the warm cannot finish before it.
+            let warm = warm_rx.recv().unwrap();
+            inner.lock().push(format!("{:?}", warm.wait()));
+        });
+    }
+    let warm = engine.warm().unwrap();
+    for _ in 0..2 {
+        warm_tx.send(warm.clone()).unwrap();
+    }
+    let progress = {
+        let warm = warm.clone();
+        within("a warm whose unit waits for it", move || warm.wait())
+    };
+    let inner = inner.lock().clone();
+    assert_eq!(inner.len(), 2, "{inner:?}");
+    assert!(inner.iter().all(|r| r.contains("WouldDeadlock")), "{inner:?}");
+    let progress = progress.unwrap();
+    assert!(progress.finished && progress.refused == 0, "{progress:?}");
+    let from_closure = {
+        let engine = engine.clone();
+        within("a read closure waiting for the warm", move || {
+            engine
+                .read(&entity(0), |_| format!("{:?}", warm.wait()))
+                .unwrap()
+        })
+    };
+    assert!(from_closure.contains("WouldDeadlock"), "{from_closure}");
+    engine.close().unwrap();
+}
+

@@ -72,7 +72,7 @@ fn r2_every_path_shares_one_unit() {
         engine.defer(&e, b"y".to_vec()).unwrap(),
         Deferred::Applied { seq: 2 }
     );
-    engine.warm().unwrap().wait();
+    engine.warm().unwrap().wait().unwrap();
     assert_eq!(machine.units_of(&e), 1);
     assert_eq!(engine.stats().units_run, 1);
     assert_eq!(payloads(&engine, &e).unwrap(), recs(&["x", "y"]));

@@ -454,7 +454,7 @@ impl<M: StateMachine> Engine<M> {
                 detail: format!("fold_all waits for the warm, and was called from inside {kind}"),
             });
         }
-        self.warm()?.wait();
+        self.warm()?.wait()?;
         let mut acc = init;
         let mut contained = 0;
         for entity in self.inner.restorer.entities()? {

@@ -54,6 +54,9 @@ struct Shared {
     finished_cv: Condvar,
     end_stop: Box<dyn Fn() + Send + Sync>,
     begin_stop: Box<dyn Fn() + Send + Sync>,
+    /// What the calling thread is inside that the warm may need (a restore unit, or a closure
+    /// holding an entity), if anything: waiting for the warm from there could wait for itself.
+    inside: Box<dyn Fn() -> Option<&'static str> + Send + Sync>,
 }
 
 /// A handle on a running (or finished) warm. Cheap to clone; clones share the warm.
@@ -81,17 +84,59 @@ impl Warm {
         self.shared.finished.lock().is_some()
     }
 
-    /// Blocks until the warm has finished (or been stopped and drained).
-    pub fn wait(&self) -> WarmProgress {
+    /// Blocks until the warm has finished (or been stopped and drained), and answers its final
+    /// progress.
+    ///
+    /// # Errors
+    ///
+    /// Called from inside a restore unit (`StateMachine::apply` or `repair` while an entity
+    /// restores) or from a `read`/`write`/`fold_all` closure of the same engine, it would wait
+    /// for the calling thread itself (a warm worker may be running that very unit, or need the
+    /// entity the closure holds), so it is refused with [`Error::WouldDeadlock`] and waits for
+    /// nothing (SPEC R11). Wait from outside the engine's calls instead.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use portcullis::{ApplyContext, Engine, EntityId, Rejection, StateMachine};
+    /// # use portcullis::store::MemoryStore;
+    /// # use std::sync::Arc;
+    /// # struct Count;
+    /// # impl StateMachine for Count {
+    /// #     type State = u64;
+    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    /// #     fn apply(&self, s: &mut u64, _: &ApplyContext<'_>, _: &[u8]) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn encode_checkpoint(&self, s: &u64) -> Vec<u8> { s.to_le_bytes().to_vec() }
+    /// #     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<u64, Rejection> {
+    /// #         b.try_into().map(u64::from_le_bytes).map_err(|_| Rejection::new("bad checkpoint"))
+    /// #     }
+    /// # }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let engine = Engine::builder(Count).store(Arc::new(MemoryStore::new())).open()?;
+    /// let progress = engine.warm()?.wait()?;
+    /// assert!(progress.finished);
+    /// assert_eq!(progress.refused, 0);
+    /// # engine.close()
+    /// # }
+    /// ```
+    pub fn wait(&self) -> crate::error::Result<WarmProgress> {
+        if let Some(kind) = (self.shared.inside)() {
+            return Err(Error::WouldDeadlock {
+                entity: String::new(),
+                detail: format!("Warm::wait waits for the warm, and was called from inside {kind}"),
+            });
+        }
         let mut finished = self.shared.finished.lock();
         while finished.is_none() {
             self.shared.finished_cv.wait(&mut finished);
         }
         drop(finished);
-        self.progress()
+        Ok(self.progress())
     }
 
     /// Blocks until the warm has finished or `timeout` passed; returns whether it finished.
+    /// Unlike [`wait`](Self::wait) it is bounded, so it is allowed anywhere; from inside a
+    /// restore unit the warm runs, it can only time out.
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut finished = self.shared.finished.lock();
@@ -143,6 +188,7 @@ pub(crate) fn start<M: StateMachine>(
     let ids: Arc<Vec<EntityId>> = Arc::new(restorer.pending()?);
     let begin = Arc::clone(restorer);
     let end = Arc::clone(restorer);
+    let inside = Arc::clone(restorer);
     let shared = Arc::new(Shared {
         total: ids.len() as u64,
         done: AtomicU64::new(0),
@@ -154,6 +200,7 @@ pub(crate) fn start<M: StateMachine>(
         finished_cv: Condvar::new(),
         begin_stop: Box::new(move || begin.begin_stop()),
         end_stop: Box::new(move || end.end_stop()),
+        inside: Box::new(move || inside.holding_or_restoring()),
     });
     ::log::info!(
         "warm started: {} pending entities, {} workers",
