@@ -310,7 +310,10 @@ fn r11_units_that_touch_each_other_are_refused_not_deadlocked() {
 fn r11_warm_wait_from_inside_a_unit_or_closure_is_refused_not_deadlocked() {
     let store = seeded(2);
     let machine = Arc::new(TestMachine::default());
-    let engine = builder(&machine, &store).warm_parallelism(1).open().unwrap();
+    let engine = builder(&machine, &store)
+        .warm_parallelism(1)
+        .open()
+        .unwrap();
     let (warm_tx, warm_rx) = channel::unbounded::<portcullis::restore::Warm>();
     let inner: Arc<Mutex<Vec<String>>> = Arc::default();
     {
@@ -331,7 +334,10 @@ fn r11_warm_wait_from_inside_a_unit_or_closure_is_refused_not_deadlocked() {
     };
     let inner = inner.lock().clone();
     assert_eq!(inner.len(), 2, "{inner:?}");
-    assert!(inner.iter().all(|r| r.contains("WouldDeadlock")), "{inner:?}");
+    assert!(
+        inner.iter().all(|r| r.contains("WouldDeadlock")),
+        "{inner:?}"
+    );
     let progress = progress.unwrap();
     assert!(progress.finished && progress.refused == 0, "{progress:?}");
     let from_closure = {
@@ -345,4 +351,3 @@ fn r11_warm_wait_from_inside_a_unit_or_closure_is_refused_not_deadlocked() {
     assert!(from_closure.contains("WouldDeadlock"), "{from_closure}");
     engine.close().unwrap();
 }
-
