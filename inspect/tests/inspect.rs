@@ -313,3 +313,95 @@ fn s6_a_store_open_in_another_handle_is_refused_and_bad_paths_are_named() {
     assert_eq!(code, 2);
     assert!(out.contains("usage"), "{out}");
 }
+
+/// SPEC S4, E5: damage an earlier open found is persisted, and the store refuses it until an
+/// operator accepts it. The summary lists what the store refuses, and `verify` reports each
+/// refusal with the call that lifts it.
+#[test]
+fn s4_the_damage_the_store_persisted_is_shown_and_verified() {
+    let _serial = serial();
+    let dir = healthy();
+    let first = segments(dir.path()).remove(0);
+    let bytes = std::fs::read(&first).unwrap();
+    let victim = layout::records(&bytes)[2];
+    damage(&first, |b| b[victim.offset + layout::FRAME_LEN + 3] ^= 0x40);
+    // An ordinary open finds the damage when the partition loads, and persists the refusal.
+    let store = FileStore::open(dir.path()).unwrap();
+    let mut refused = Vec::new();
+    for p in store.list_partitions(b"").unwrap() {
+        if store.get(&p, b"k").is_err() {
+            refused.push(p);
+        }
+    }
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(store.damage().partitions.len(), 1);
+    store.close().unwrap();
+
+    let (code, summary) = inspect(&[path(dir.path())]);
+    assert_eq!(code, 0, "{summary}");
+    assert!(
+        summary.contains(&format!(
+            "refused by the store (persisted until an operator accepts it):\n  partition {}",
+            refused[0]
+        )),
+        "{summary}"
+    );
+    let (code, out) = verify_unchanged(dir.path());
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "partition {}: refused by the store until an operator accepts it (FileStore::accept_damage)",
+            refused[0]
+        )),
+        "{out}"
+    );
+    // A healthy store says it refuses nothing.
+    let healthy = healthy();
+    let (code, summary) = inspect(&[path(healthy.path())]);
+    assert_eq!(code, 0, "{summary}");
+    assert!(
+        summary.contains("refused by the store: nothing"),
+        "{summary}"
+    );
+}
+
+/// The tool keeps a bounded number of files open, whatever the number of journal segments: a
+/// store of 300 segments is summarised and verified under a limit of 48 file descriptors.
+#[test]
+fn e5_inspecting_many_segments_needs_a_bounded_number_of_descriptors() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::builder(dir.path())
+        .segment_bytes(4096)
+        .auto_compact(false)
+        .open()
+        .unwrap();
+    let mut n = 0u32;
+    while store.stats().segments < 300 {
+        let p = Partition::new(format!("p{}", n % 20)).unwrap();
+        let batch = Batch::new().put(format!("k{n}").into_bytes(), vec![n as u8; 1000]);
+        assert!(store.apply(&p, &batch).unwrap().is_committed());
+        n += 1;
+    }
+    store.close().unwrap();
+    let limited = |args: &[&str]| {
+        let out = Command::new("prlimit")
+            .arg("--nofile=48:48")
+            .arg(env!("CARGO_BIN_EXE_portcullis-inspect"))
+            .args(args)
+            .output()
+            .expect("running the tool through prlimit");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let (code, summary) = limited(&[path(dir.path())]);
+    assert_eq!(code, Some(0), "{summary}");
+    assert!(summary.contains("partitions: 20"), "{summary}");
+    let (code, out) = limited(&["verify", path(dir.path())]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("no damage found"), "{out}");
+}

@@ -44,7 +44,7 @@ use crate::fence::rows::{self as fence, Keys};
 use crate::log;
 use crate::restore::keys as restore_keys;
 use crate::store::{
-    Entries, FileCheck, FileState, FileStore, KeyRange, OpenReport, Partition, Store,
+    Entries, FileCheck, FileState, FileStore, KeyRange, OpenReport, Partition, Store, StoreDamage,
 };
 
 /// A store directory opened for inspection: nothing it does changes the directory.
@@ -73,6 +73,10 @@ pub struct Summary {
     pub entities: Vec<EntitySummary>,
     /// Every namespace with a coordinator partition, in name order.
     pub namespaces: Vec<NamespaceSummary>,
+    /// What the store refuses because of damage (SPEC S4), as [`FileStore::damage`] reports it
+    /// after the summary read every partition: refusals found by earlier opens and persisted
+    /// until an operator accepts them, and those found now.
+    pub damage: StoreDamage,
 }
 
 /// One partition's size.
@@ -225,6 +229,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<Verification> {
             let check = crate::store::check_unopened(dir)?;
             v.find("store", format!("does not open: {e}"));
             files_findings(&check, &mut v);
+            damage_findings(&check.persisted, &mut v);
             Ok(v)
         }
         Err(e) => Err(e),
@@ -280,6 +285,8 @@ impl Inspector {
                 summary.namespaces.push(self.namespace(ns));
             }
         }
+        // After every partition was read, so refusals found by loading them are included.
+        summary.damage = store.damage();
         Ok(summary)
     }
 
@@ -410,7 +417,9 @@ impl Inspector {
     /// journal segment with its checksums (including records open does not read because a
     /// snapshot covers them), the manifest and snapshot, every row of every partition, every
     /// entity's digest chain from its first retained record to its head, and every checkpoint
-    /// against the history it folds (SPEC L4), and every fence row of every namespace.
+    /// against the history it folds (SPEC L4), and every fence row of every namespace. Damage
+    /// the store refuses (SPEC S4, [`FileStore::damage`]) is a finding too, even when the
+    /// records that showed it are gone (an earlier open found it and persisted the refusal).
     pub fn verify(&self) -> Result<Verification> {
         let store = &self.store;
         let mut v = Verification::default();
@@ -433,6 +442,7 @@ impl Inspector {
                 v.find(format!("namespace {}", ns.namespace), why);
             }
         }
+        damage_findings(&store.damage(), &mut v);
         Ok(v)
     }
 
@@ -480,6 +490,31 @@ impl Inspector {
             v.checkpoints += 1;
         }
         Ok(())
+    }
+}
+
+/// One finding per refusal the store keeps (SPEC S4), saying how an operator lifts it.
+fn damage_findings(damage: &StoreDamage, v: &mut Verification) {
+    for refused in &damage.partitions {
+        let subject = match &refused.partition {
+            Some(p) => format!("partition {p}"),
+            None => format!("partition with hash {:016x}", refused.hash),
+        };
+        v.find(
+            subject,
+            format!(
+                "refused by the store until an operator accepts it (FileStore::accept_damage): {}",
+                refused.reason
+            ),
+        );
+    }
+    for range in &damage.unattributed {
+        v.find(
+            "store",
+            format!(
+                "damage no partition could be named for ({range}): every partition the store does not know is refused until an operator accepts it (FileStore::accept_unattributed_damage)"
+            ),
+        );
     }
 }
 

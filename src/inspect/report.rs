@@ -46,6 +46,28 @@ impl Display for Summary {
                 d.partition.as_deref().unwrap_or("(unknown)")
             )?;
         }
+        let d = &self.damage;
+        if d.is_empty() {
+            writeln!(f, "\nrefused by the store: nothing")?;
+        } else {
+            writeln!(
+                f,
+                "\nrefused by the store (persisted until an operator accepts it):"
+            )?;
+            for p in &d.partitions {
+                match &p.partition {
+                    Some(name) => write!(f, "  partition {name}")?,
+                    None => write!(f, "  partition with hash {:016x}", p.hash)?,
+                }
+                writeln!(f, ": {}", p.reason)?;
+            }
+            for range in &d.unattributed {
+                writeln!(
+                    f,
+                    "  unattributed damage ({range}): every partition the store does not know is refused"
+                )?;
+            }
+        }
         writeln!(
             f,
             "\nengine: {}",

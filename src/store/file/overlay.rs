@@ -7,6 +7,11 @@
 //! live only in memory, removals and renames are recorded, syncs do nothing. Files on disk are
 //! only ever opened for reading.
 //!
+//! Files read but never changed are held only while a handle on them lives (the overlay keeps a
+//! weak reference, so two handles on one path still share one view): inspecting a journal of
+//! any number of segments needs no more descriptors than the store's bounded table holds. A
+//! file is held for good once it changes.
+//!
 //! The directory lock (SPEC S6) is taken for real, on the existing lock file opened for
 //! reading: a store another process has open is refused with `Locked` (its files are changing
 //! under it), and while the overlay holds the lock no process can take the store over. A lock
@@ -17,7 +22,7 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
@@ -28,24 +33,46 @@ use super::vfs::{OpenMode, PathKind, Vfs, VfsFile, VfsLock};
 struct CowFile {
     disk: Option<File>,
     copy: Mutex<Option<Vec<u8>>>,
+    /// Set while the overlay holds this file only weakly: on its first change, the file asks
+    /// the overlay to hold it for good under this path (a change must outlive its handles).
+    promote: Mutex<Option<Promote>>,
+}
+
+#[derive(Debug)]
+struct Promote {
+    state: std::sync::Weak<Mutex<State>>,
+    path: PathBuf,
+    me: Weak<CowFile>,
 }
 
 impl CowFile {
-    fn on_disk(file: File) -> Self {
-        CowFile {
+    fn on_disk(file: File, state: &Arc<Mutex<State>>, path: &Path) -> Arc<Self> {
+        Arc::new_cyclic(|me| CowFile {
             disk: Some(file),
             copy: Mutex::new(None),
-        }
+            promote: Mutex::new(Some(Promote {
+                state: Arc::downgrade(state),
+                path: path.to_path_buf(),
+                me: me.clone(),
+            })),
+        })
     }
 
     fn in_memory() -> Self {
         CowFile {
             disk: None,
             copy: Mutex::new(Some(Vec::new())),
+            promote: Mutex::new(None),
         }
     }
 
-    /// The private copy, made from the disk's bytes on first need.
+    /// The overlay holds this file for good now (made, renamed, or removed): no promotion.
+    fn held(&self) {
+        *self.promote.lock() = None;
+    }
+
+    /// The private copy, made from the disk's bytes on first need. Never called with the
+    /// overlay's state lock held (the first change takes it to promote the file).
     fn with_copy<T>(&self, f: impl FnOnce(&mut Vec<u8>) -> T) -> io::Result<T> {
         let mut copy = self.copy.lock();
         if copy.is_none() {
@@ -56,6 +83,13 @@ impl CowFile {
             let mut bytes = vec![0; disk.metadata()?.len() as usize];
             disk.read_exact_at(&mut bytes, 0)?;
             *copy = Some(bytes);
+            if let Some(p) = self.promote.lock().take()
+                && let (Some(state), Some(me)) = (p.state.upgrade(), p.me.upgrade())
+            {
+                let mut state = state.lock();
+                state.disk.remove(&p.path);
+                state.files.insert(p.path, me);
+            }
         }
         Ok(f(copy.as_mut().expect("made above")))
     }
@@ -107,8 +141,11 @@ impl VfsLock for DiskLock {}
 
 #[derive(Debug, Default)]
 struct State {
-    /// Every file opened or made so far, so two handles on one path share one view.
+    /// Every file made or changed so far: held for good.
     files: HashMap<PathBuf, Arc<CowFile>>,
+    /// Files read but not changed, held only while a handle lives, so two handles on one path
+    /// share one view and an unused file's descriptor is closed.
+    disk: HashMap<PathBuf, Weak<CowFile>>,
     /// Paths removed (or renamed away) in the overlay; the disk still has them.
     removed: HashSet<PathBuf>,
     /// Directories made in the overlay.
@@ -157,14 +194,25 @@ impl OverlayFs {
         if state.removed.contains(path) {
             return Ok(None);
         }
+        if let Some(file) = state.disk.get(path).and_then(Weak::upgrade) {
+            return Ok(Some(file));
+        }
         match exists_on_disk(path)? {
             Some(m) if m.is_file() => {
-                let file = Arc::new(CowFile::on_disk(File::open(path)?));
-                state.files.insert(path.to_path_buf(), Arc::clone(&file));
+                let file = CowFile::on_disk(File::open(path)?, &self.state, path);
+                state.disk.retain(|_, f| f.strong_count() > 0);
+                state.disk.insert(path.to_path_buf(), Arc::downgrade(&file));
                 Ok(Some(file))
             }
             _ => Ok(None),
         }
+    }
+
+    /// Holds `file` for good under `path`.
+    fn hold(state: &mut State, path: &Path, file: Arc<CowFile>) {
+        file.held();
+        state.disk.remove(path);
+        state.files.insert(path.to_path_buf(), file);
     }
 }
 
@@ -179,6 +227,8 @@ impl Vfs for OverlayFs {
             }
             (OpenMode::CreateNew, Some(_)) => return Err(io::ErrorKind::AlreadyExists.into()),
             (OpenMode::CreateTruncate, Some(file)) => {
+                Self::hold(&mut state, path, Arc::clone(&file));
+                drop(state);
                 file.set_len(0)?;
                 file
             }
@@ -252,7 +302,12 @@ impl Vfs for OverlayFs {
         if self.lookup(&mut state, path)?.is_none() {
             return Err(io::ErrorKind::NotFound.into());
         }
-        state.files.remove(path);
+        if let Some(file) = state.files.remove(path) {
+            file.held();
+        }
+        if let Some(file) = state.disk.remove(path).and_then(|f| f.upgrade()) {
+            file.held();
+        }
         state.removed.insert(path.to_path_buf());
         Ok(())
     }
@@ -263,9 +318,10 @@ impl Vfs for OverlayFs {
             return Err(io::ErrorKind::NotFound.into());
         };
         state.files.remove(from);
+        state.disk.remove(from);
         state.removed.insert(from.to_path_buf());
         state.removed.remove(to);
-        state.files.insert(to.to_path_buf(), file);
+        Self::hold(&mut state, to, file);
         Ok(())
     }
 

@@ -90,13 +90,10 @@ pub struct ScanOutcome {
 /// is damage: the file is kept and listed, and open goes on (SPEC S4). Only the newest
 /// segment, when nothing after its header could be a record (a creation cut short), is
 /// removed. A newer format version is refused (SPEC S10).
-pub fn open_segments(vfs: &dyn Vfs, journal_dir: &Path) -> Result<Segments> {
-    open_segments_with(vfs, journal_dir, |_, file| file)
-}
-
-/// [`open_segments`], keeping for each live segment the file `keep` makes of the handle that
-/// read its header (the store keeps a handle from its bounded table instead, and closes this
-/// one, so open needs a bounded number of file descriptors).
+///
+/// Keeps for each live segment the file `keep` makes of the handle that read its header (the
+/// store and the inspection walk keep a handle from a bounded table instead, and close this
+/// one, so neither needs more than a bounded number of file descriptors).
 pub fn open_segments_with(
     vfs: &dyn Vfs,
     journal_dir: &Path,

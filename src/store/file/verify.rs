@@ -6,6 +6,10 @@
 //! shows only when their partition loads; this walk reads all of it, and reports what it finds
 //! the same way recovery would (it runs recovery's own scan, from the first segment, on the
 //! overlay), so the two can never disagree about what counts as damage.
+//!
+//! Both keep at most [`OPEN_SEGMENTS`] segment files open at once (the store's bounded table,
+//! over an overlay that holds an unchanged file only while a handle on it lives), so a journal
+//! of any number of segments is inspected within a small descriptor limit.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -16,9 +20,12 @@ use super::recovery::{self, DamagedRecord, TornTail};
 use super::vfs::{OpenMode, Vfs};
 use super::{
     FileStore, JOURNAL_DIR, MANIFEST, MANIFEST_MAGIC, SNAPSHOT_MAGIC, SyncPolicy, container,
-    format, journal,
+    format, journal, segments,
 };
 use crate::error::{Error, Result};
+
+/// Segment files an inspection keeps open at once, in the store it opens and in the walk.
+const OPEN_SEGMENTS: usize = 16;
 
 /// How a small whole file (manifest, snapshot) was found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +56,8 @@ pub(crate) struct FileCheck {
     pub(crate) unreadable: Option<String>,
     pub(crate) records: u64,
     pub(crate) bytes: u64,
+    /// What the manifest says the store refuses (SPEC S4), persisted by earlier opens.
+    pub(crate) persisted: super::StoreDamage,
 }
 
 fn state_of<T>(read: Result<Option<T>>) -> Result<(FileState, Option<T>)> {
@@ -94,6 +103,7 @@ impl FileStore {
             .vfs(Arc::new(OverlayFs::new()))
             .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
             .auto_compact(false)
+            .max_open_segments(OPEN_SEGMENTS)
             .open()
     }
 
@@ -180,19 +190,23 @@ fn check_files(dir: &Path, fs: OverlayFs) -> Result<FileCheck> {
         unreadable: None,
         records: 0,
         bytes: 0,
+        persisted: super::damage::describe(&known),
     };
     // Recovery's own scan, from the first record of the first segment, on an overlay.
-    let scanned = recovery::open_segments(&fs, &journal_dir).and_then(|segments| {
-        recovery::scan(
-            &fs,
-            &journal_dir,
-            segments,
-            None,
-            None,
-            HashMap::new(),
-            &known,
-        )
-    });
+    let files =
+        segments::SegmentFiles::new(journal_dir.clone(), Arc::new(fs.clone()), OPEN_SEGMENTS);
+    let scanned = recovery::open_segments_with(&fs, &journal_dir, |number, _| files.file(number))
+        .and_then(|segments| {
+            recovery::scan(
+                &fs,
+                &journal_dir,
+                segments,
+                None,
+                None,
+                HashMap::new(),
+                &known,
+            )
+        });
     match scanned {
         Ok(outcome) => {
             check.damaged = outcome.records;
