@@ -127,11 +127,15 @@ impl<M: StateMachine> Engine<M> {
             Arc::clone(&owners),
         ));
         let owners_for_units = Arc::clone(&owners);
+        let owners_for_deferrals = Arc::clone(&owners);
         let restore_config = RestoreConfig {
             checkpoint_tail_bound: config.checkpoint_tail_bound,
             incarnation: incarnation.number,
             owed_repairs: Arc::new(move |ns: &Namespace| {
                 owners_for_units.serving(ns).map(|h| h.owed)
+            }),
+            defer_term: Arc::new(move |ns: &Namespace| {
+                owners_for_deferrals.serving(ns).map(|h| h.term)
             }),
         };
         let restorer = Arc::new(Restorer::new(

@@ -72,7 +72,7 @@ pub(crate) enum Mode {
 #[derive(Clone, Debug)]
 pub(crate) struct Holding {
     pub(crate) grant: u64,
-    #[allow(dead_code)] // kept for diagnostics (Debug)
+    /// This adoption's term: deferred rows accepted under it are keyed by it (SPEC R8).
     pub(crate) term: u64,
     pub(crate) mode: Mode,
     pub(crate) owed: Arc<Vec<u64>>,
