@@ -6,7 +6,7 @@ use super::Engine;
 use super::owner::Mode;
 use crate::entity::Namespace;
 use crate::error::Result;
-use crate::fence::{Fence, RevokeBudget, RevokeProgress};
+use crate::fence::{Fence, RevokeBudget, RevokeProgress, SweeperHandle};
 use crate::restore::StateMachine;
 
 impl<M: StateMachine> Engine<M> {
@@ -123,6 +123,14 @@ impl<M: StateMachine> Engine<M> {
     /// (background revocation, the sweeper, statistics).
     pub fn fence(&self) -> &Fence {
         &self.inner.fence
+    }
+
+    /// The background sweeper of expired leased-shard rows (SPEC F9), unless it was turned off
+    /// with [`EngineBuilder::sweep_expired_leases`](super::EngineBuilder::sweep_expired_leases).
+    /// It sweeps every namespace this engine serves, every
+    /// [`sweep_interval`](super::EngineBuilder::sweep_interval); `close` stops it.
+    pub fn sweeper(&self) -> Option<&SweeperHandle> {
+        self.inner.sweeper.as_ref()
     }
 
     /// A namespace's current epoch (0 before the first bump).
