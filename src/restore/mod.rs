@@ -45,6 +45,7 @@ pub use machine::{ApplyContext, Origin, Rejection, StateMachine};
 pub use registry::{Deferral, PhaseCounts, Restorer, Slot};
 pub(crate) use restoring::Mark as CallMark;
 pub use telemetry::Metrics;
+pub(crate) use unit::Unsettled;
 pub use unit::{Loaded, UnitReport};
 pub(crate) use warm::start as start_warm;
 pub use warm::{REFUSED_NAMED, Warm, WarmProgress};
