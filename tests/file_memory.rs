@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use portcullis::inspect::Inspector;
 use portcullis::store::{
     Batch, FileStore, OpenMode, OsFs, Partition, PathKind, Store, SyncPolicy, Vfs, VfsFile, VfsLock,
 };
@@ -222,4 +223,42 @@ fn open_scans_the_journal_after_the_snapshot_through_a_bounded_window() {
         assert_eq!(value, Some(vec![i as u8; 256 << 10]));
     }
     reopened.close().unwrap();
+}
+
+/// The inspection tool opens a store through a layer that keeps every change in memory; open's
+/// rewrite of the journal it scanned changes no byte, so it must not copy the journal there.
+#[test]
+fn inspecting_a_crashed_store_keeps_no_copy_of_the_journal_it_only_rewrote() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let written = tempfile::tempdir().unwrap();
+    let store = FileStore::builder(written.path())
+        .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+        .segment_bytes(128 << 20)
+        .snapshot_every_bytes(1 << 40)
+        .auto_compact(false)
+        .open()
+        .unwrap();
+    let p = Partition::new("p").unwrap();
+    for i in 0..128u32 {
+        let batch = Batch::new().put(format!("k{i:03}").into_bytes(), vec![i as u8; 256 << 10]);
+        assert!(store.apply(&p, &batch).unwrap().is_committed());
+    }
+    store.flush().unwrap();
+    let image = tempfile::tempdir().unwrap();
+    copy_store(written.path(), image.path());
+    store.close().unwrap();
+
+    let before = heap_in_use();
+    let inspector = Inspector::open(image.path()).unwrap();
+    let held = heap_in_use() - before;
+    assert!(
+        inspector.summary().unwrap().open.journal_bytes_scanned >= 32 << 20,
+        "open did not scan the journal the test wrote"
+    );
+    assert!(
+        held < 4 * MIB,
+        "inspecting a store with 32 MiB of journal after its snapshot kept {} MiB",
+        held / MIB
+    );
+    assert!(inspector.verify().unwrap().is_clean());
 }
