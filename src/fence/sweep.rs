@@ -11,6 +11,7 @@ use crate::store::{Batch, Cursor};
 
 /// What one sweep step did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SweepReport {
     /// Rows deleted.
     pub deleted: u64,
