@@ -1,8 +1,15 @@
-//! Fencing costs (SPEC P5, P6): bump plus revocation to `Complete` over 100, 1,000 and
-//! 10,000 live leases, and a fenced write with a usable lease and with a renewal.
+//! Fencing costs (SPEC P5, P6, F11): bump plus revocation to `Complete` over 100, 1,000 and
+//! 10,000 live leases, a fenced write with a usable lease and with a renewal, and what fencing
+//! costs an engine write: the first and a steady-state write to an entity, in a fenced and in
+//! an unfenced namespace, on `MemoryStore` and on `FileStore`, in the same run.
 //!
 //! Before criterion's timings it prints the counted figures: slices, store calls and store
-//! calls per push for each revocation, and store calls per write.
+//! calls per push for each revocation, and store calls per write. After them it prints the
+//! medians of the engine writes (every timed write, not criterion's estimate) and the
+//! fenced/unfenced ratios.
+
+mod common;
+mod engine_writes;
 
 use std::sync::Arc;
 
@@ -114,5 +121,6 @@ fn main() {
     print_counts();
     let mut c = Criterion::default().configure_from_args();
     benches(&mut c);
+    engine_writes::bench(&mut c, common::full_run());
     c.final_summary();
 }
