@@ -216,14 +216,17 @@ enum FirstCrash {
     /// The process is killed inside a sync (a journal `fdatasync`, a snapshot's, a
     /// directory's): the page cache holds writes the disk may not.
     Kill,
+    /// The process is killed before any operation that changes the disk (a write, a
+    /// truncation, a creation, a rename, a removal, a sync), not only inside syncs.
+    KillAnywhere,
     /// The power is cut (one seeded image per point): recovery then repairs the image (a torn
     /// tail truncated, a half-created segment removed) while a second power cut may strike.
     PowerCut,
 }
 
-/// Ends the single writer's first life at every `stride`-th crash point (only syncs for a
-/// kill), then reopens, reads, writes two batches and closes while recording, and power-cuts
-/// at every operation of that second life. Once open has returned, what it showed counts as
+/// Ends the single writer's first life at every `stride`-th crash point (only syncs for
+/// [`FirstCrash::Kill`]), then reopens, reads, writes two batches and closes while recording,
+/// and power-cuts at every operation of that second life. Once open has returned, what it showed counts as
 /// acknowledged: readers may have seen it.
 fn second_life_sweep(
     lane: Lane,
@@ -235,7 +238,7 @@ fn second_life_sweep(
     let mut model = Model::default();
     let ends: Vec<&CrashPoint> = points
         .iter()
-        .filter(|p| first == FirstCrash::PowerCut || p.what.starts_with("sync_"))
+        .filter(|p| first != FirstCrash::Kill || p.what.starts_with("sync_"))
         .step_by(stride)
         .collect();
     let journal_syncs = ends
@@ -249,7 +252,9 @@ fn second_life_sweep(
         let acked = timeline.acked_before(end.op);
         let attempted = timeline.attempted_before(end.op);
         let (fs, context) = match first {
-            FirstCrash::Kill => (end.kill(), format!("killed {end:?}, then ")),
+            FirstCrash::Kill | FirstCrash::KillAnywhere => {
+                (end.kill(), format!("killed {end:?}, then "))
+            }
             FirstCrash::PowerCut => {
                 let seed = image_seed(lane.base_seed ^ 0x2B, end.op, 0);
                 let context = format!("power cut {end:?} (image seed {seed:#x}), then ");
@@ -543,6 +548,24 @@ fn power_cuts_long_lane() {
         "power cut, recovery, power cut",
     );
     must_pass(group_commit_sweep(lane, None), "group commit");
+}
+
+/// The long lane's kills at every operation of one writer's life, not only inside syncs
+/// (creation, rotation, snapshot, compaction, close, reopen-then-write), each followed by a
+/// reopen, reads, writes and a close with a power cut at every operation of that second life
+/// (four images per point, to stay within the lane's time). Run in release by .ci/run.
+#[test]
+#[ignore = "long: a kill at every operation, then a power cut at every operation after it"]
+fn kills_at_every_operation_long_lane() {
+    let lane = Lane {
+        seeds: 4,
+        ..long_lane()
+    };
+    eprintln!("long lane, base seed {:#x}", lane.base_seed);
+    must_pass(
+        second_life_sweep(lane, FirstCrash::KillAnywhere, 1, None),
+        "kill at every operation then power cut",
+    );
 }
 
 /// A negative control must make the sweep fail, and at least once for the reason given.

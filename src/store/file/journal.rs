@@ -127,6 +127,10 @@ pub struct Journal {
     /// segments, so no reader can still hold a location into a deleted segment.
     readers: RwLock<()>,
     pub counters: JournalCounters,
+    /// The negative control of the pin (tests only): when off, readers pin this lock instead,
+    /// which compaction never takes.
+    #[cfg(feature = "fault-injection")]
+    pin_switch: (super::fault::skip::PinSwitch, RwLock<()>),
 }
 
 /// Where recovery left the journal.
@@ -230,7 +234,16 @@ impl Journal {
             files,
             readers: RwLock::new(()),
             counters: JournalCounters::default(),
+            #[cfg(feature = "fault-injection")]
+            pin_switch: Default::default(),
         }
+    }
+
+    /// Test only: the reader pin's negative control and observer.
+    #[cfg(feature = "fault-injection")]
+    pub fn with_pin_switch(mut self, switch: super::fault::skip::PinSwitch) -> Self {
+        self.pin_switch.0 = switch;
+        self
     }
 
     /// Announces a commit: the caller will append one record and wait for it to be durable.
@@ -500,12 +513,22 @@ impl Journal {
     /// Pins the segments readers may hold locations into: hold the guard from taking a value's
     /// location out of an index until the value is read. Never take it twice in one thread.
     pub fn pin(&self) -> RwLockReadGuard<'_, ()> {
+        #[cfg(feature = "fault-injection")]
+        if self.pin_switch.0.off {
+            return self.pin_switch.1.read();
+        }
         self.readers.read()
     }
 
     /// Waits until every reader pinned now has finished. Called after every index points away
     /// from the segments about to be deleted: later readers cannot find locations into them.
     pub fn wait_for_readers(&self) {
+        #[cfg(feature = "fault-injection")]
+        if let Some(on_wait) = &self.pin_switch.0.on_wait
+            && self.readers.try_write().is_none()
+        {
+            on_wait();
+        }
         drop(self.readers.write());
     }
 

@@ -188,6 +188,8 @@ pub struct FileStoreBuilder {
     skip_syncs: std::collections::HashSet<SkipSync>,
     #[cfg(feature = "fault-injection")]
     append_observer: Option<AppendObserver>,
+    #[cfg(feature = "fault-injection")]
+    reader_pin: fault::skip::PinSwitch,
 }
 
 /// Called with each batch's partition and journal sequence number once it is appended (tests
@@ -286,6 +288,24 @@ impl FileStoreBuilder {
         observe: impl Fn(&Partition, u64) + Send + Sync + 'static,
     ) -> Self {
         self.append_observer = Some(AppendObserver(Arc::new(observe)));
+        self
+    }
+
+    /// Test only (feature `fault-injection`): turns off the reader pin, so compaction deletes
+    /// segments that readers still hold locations into (a negative control). Never use this
+    /// outside a test.
+    #[cfg(feature = "fault-injection")]
+    pub fn skip_reader_pin(mut self) -> Self {
+        self.reader_pin.off = true;
+        self
+    }
+
+    /// Test only (feature `fault-injection`): calls `observe` when compaction, about to delete
+    /// segments, finds a reader pinned and waits for it; called on the compacting thread just
+    /// before it waits.
+    #[cfg(feature = "fault-injection")]
+    pub fn observe_reader_waits(mut self, observe: impl Fn() + Send + Sync + 'static) -> Self {
+        self.reader_pin.on_wait = Some(Arc::new(observe));
         self
     }
 
@@ -408,6 +428,8 @@ impl FileStore {
             skip_syncs: Default::default(),
             #[cfg(feature = "fault-injection")]
             append_observer: None,
+            #[cfg(feature = "fault-injection")]
+            reader_pin: Default::default(),
         }
     }
 
@@ -547,14 +569,17 @@ impl FileStore {
         damage.merge(outcome.damage);
         report.refused = damage::describe(&damage);
 
-        let journal = Arc::new(Journal::new(
+        let journal = Journal::new(
             journal_dir,
             vfs.clone(),
             config.sync_policy,
             config.segment_bytes,
             outcome.tail,
             files,
-        ));
+        );
+        #[cfg(feature = "fault-injection")]
+        let journal = journal.with_pin_switch(config.reader_pin.clone());
+        let journal = Arc::new(journal);
         let table = Table {
             untouched: outcome.heads,
             touched: HashMap::new(),

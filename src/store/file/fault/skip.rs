@@ -4,6 +4,7 @@
 //!
 //! Most switches wrap the store's [`Vfs`]: a skipped sync returns `Ok` without syncing, exactly
 //! what a store that forgot the call would see. [`SkipSync::ScannedTail`] is checked by open.
+//! [`PinSwitch`] turns off a guard rather than a sync: the journal's reader pin.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -126,5 +127,23 @@ impl Vfs for SkippingVfs {
     }
     fn try_lock(&self, path: &Path) -> io::Result<Box<dyn VfsLock>> {
         self.inner.try_lock(path)
+    }
+}
+
+/// Test-only control of the journal's reader pin (`Journal::pin`): a negative control that turns
+/// the pin off, so compaction deletes segments a paused reader still holds locations into, and
+/// an observer told when compaction finds a pinned reader and waits for it.
+#[derive(Clone, Default)]
+pub(crate) struct PinSwitch {
+    pub(crate) off: bool,
+    pub(crate) on_wait: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl fmt::Debug for PinSwitch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinSwitch")
+            .field("off", &self.off)
+            .field("on_wait", &self.on_wait.is_some())
+            .finish()
     }
 }
