@@ -16,6 +16,7 @@ mod lifecycle;
 mod options;
 mod owned_store;
 mod owner;
+mod settle;
 mod stats;
 mod write;
 
@@ -512,14 +513,18 @@ impl<M: StateMachine> Engine<M> {
         let p = entity.partition();
         let mut contained = None;
         let done = self.with_loaded(&slot, |loaded| {
+            self.settle(entity, &slot, loaded, &mut contained)?;
             let bytes = restorer.machine().encode_checkpoint(&loaded.state);
             let seq = loaded.head.head.last_seq();
-            match log::write_checkpoint(store, &p, &loaded.head, seq, bytes, Default::default())? {
+            let written =
+                log::write_checkpoint(store, &p, &loaded.head, seq, bytes, Default::default());
+            match self.unless_lost(loaded, written)? {
                 Guarded::Committed(head) => loaded.head = head,
                 other => return Err(self.log_moved(&slot, "checkpoint", &other, &mut contained)),
             }
             if self.inner.truncate_after_checkpoint {
-                match log::truncate_before(store, &p, &loaded.head, seq + 1)? {
+                let truncated = log::truncate_before(store, &p, &loaded.head, seq + 1);
+                match self.unless_lost(loaded, truncated)? {
                     Guarded::Committed(head) => loaded.head = head,
                     other => {
                         return Err(self.log_moved(&slot, "truncation", &other, &mut contained));
@@ -532,6 +537,22 @@ impl<M: StateMachine> Engine<M> {
             restorer.report_contained(entity, &reason);
         }
         done
+    }
+
+    /// Passes a checkpoint's or truncation's answer on; a failed one is remembered as
+    /// unsettled (it adds no records, so the next write adopts whatever head it left).
+    fn unless_lost<T>(
+        &self,
+        loaded: &mut restore::Loaded<M::State>,
+        answer: Result<T>,
+    ) -> Result<T> {
+        answer.inspect_err(|_| {
+            loaded.unsettled = Some(restore::Unsettled {
+                head_if_committed: loaded.head.head,
+                first_seq: loaded.head.head.next_seq,
+                records: Vec::new(),
+            });
+        })
     }
 
     /// Contains an entity whose log head moved under the engine: its in-memory state no longer

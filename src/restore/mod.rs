@@ -49,8 +49,8 @@ pub use registry::PhaseCounts;
 pub(crate) use registry::{Deferral, Restorer, Slot};
 pub(crate) use restoring::Mark as CallMark;
 pub use telemetry::Metrics;
-pub(crate) use unit::Loaded;
 pub use unit::UnitReport;
+pub(crate) use unit::{Loaded, Unsettled};
 pub(crate) use warm::start as start_warm;
 pub use warm::{REFUSED_NAMED, Warm, WarmProgress};
 
