@@ -43,7 +43,7 @@ use owner::Owners;
 
 /// How many times [`Engine::verify_checkpoint`] audits again when the checkpoint or history
 /// root moved during its walk.
-pub const AUDIT_ATTEMPTS: usize = 3;
+pub(crate) const AUDIT_ATTEMPTS: usize = 3;
 
 /// An open engine: many durable entities over one store, each restored lazily on first touch.
 ///
@@ -583,7 +583,7 @@ impl<M: StateMachine> Engine<M> {
     /// and the same history root (first retained record and its base digest): a checkpoint
     /// with truncation that lands during the walk deletes records the walk has not read yet,
     /// which is not damage, and a checkpoint replaced during the walk was not the one
-    /// verified. The audit then starts over (at most [`AUDIT_ATTEMPTS`] times, then
+    /// verified. The audit then starts over (at most 3 times, then
     /// `Unavailable`).
     ///
     /// Answers [`Error::UnknownEntity`] if the entity was never registered.
