@@ -677,6 +677,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     ///
     /// ```
     /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    /// use portcullis::fence::FenceConfig;
     ///
     /// struct Total; // the sum of the numbers written
     /// impl TypedMachine for Total {
@@ -686,7 +687,6 @@ impl<M: StateMachine> EngineBuilder<M> {
     ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
     /// }
     /// # fn main() -> portcullis::Result<()> {
-    /// use portcullis::fence::FenceConfig;
     /// let config = FenceConfig::builder().epoch_lease_ms(10_000).lease_margin_ms(2_000).build()?;
     /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
     /// let engine = Engine::builder(Typed(Total))
@@ -708,6 +708,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     ///
     /// ```
     /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    /// use portcullis::restore::{Metrics, UnitReport};
     ///
     /// struct Total; // the sum of the numbers written
     /// impl TypedMachine for Total {
@@ -717,7 +718,6 @@ impl<M: StateMachine> EngineBuilder<M> {
     ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
     /// }
     /// # fn main() -> portcullis::Result<()> {
-    /// use portcullis::restore::{Metrics, UnitReport};
     /// struct Log;
     /// impl Metrics for Log {
     ///     fn entity_restored(&self, entity: &EntityId, report: &UnitReport) {

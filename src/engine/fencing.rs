@@ -319,6 +319,7 @@ impl<M: StateMachine> Engine<M> {
     /// use std::sync::Arc;
     /// use portcullis::store::{MemoryStore, Store};
     /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    /// use portcullis::fence::{RevokeBudget, RevokeProgress};
     ///
     /// struct Total; // the sum of the numbers written
     /// impl TypedMachine for Total {
@@ -332,7 +333,6 @@ impl<M: StateMachine> Engine<M> {
     /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     /// let ns = Namespace::new("jobs")?;
     /// let engine = Engine::builder(Typed(Total)).store(store).adopt_on_first_use(false).open()?;
-    /// use portcullis::fence::{RevokeBudget, RevokeProgress};
     /// engine.bump_epoch(&ns, 1)?;
     /// // Each slice is bounded; run the next when convenient.
     /// while engine.revoke_step(&ns, RevokeBudget::default().with_max_pages(4))? != RevokeProgress::Complete {}
@@ -352,6 +352,7 @@ impl<M: StateMachine> Engine<M> {
     /// use std::sync::Arc;
     /// use portcullis::store::{MemoryStore, Store};
     /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    /// use portcullis::fence::{RevokeBudget, RevokeProgress};
     ///
     /// struct Total; // the sum of the numbers written
     /// impl TypedMachine for Total {
@@ -365,7 +366,6 @@ impl<M: StateMachine> Engine<M> {
     /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     /// let ns = Namespace::new("jobs")?;
     /// let engine = Engine::builder(Typed(Total)).store(store).adopt_on_first_use(false).open()?;
-    /// use portcullis::fence::{RevokeBudget, RevokeProgress};
     /// // The lease rows were restored from a backup: no revocation completes for a lease's time.
     /// engine.mark_lease_table_recovered(&ns)?;
     /// let progress = engine.revoke_step(&ns, RevokeBudget::default())?;

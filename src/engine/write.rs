@@ -87,6 +87,7 @@ impl<M: StateMachine> Engine<M> {
     ///
     /// ```
     /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    /// use portcullis::typed::encode;
     ///
     /// struct Total; // the sum of the numbers written
     /// impl TypedMachine for Total {
@@ -100,7 +101,6 @@ impl<M: StateMachine> Engine<M> {
     /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
     /// let clicks = EntityId::new("counters", "clicks")?;
     /// engine.register(&clicks)?;
-    /// use portcullis::typed::encode;
     /// // Add 1 only while the total is below 10; hand back the total seen.
     /// let written = engine.write(&clicks, |total| {
     ///     let records = if *total < 10 { vec![encode(&1u64).unwrap()] } else { vec![] };
@@ -278,6 +278,7 @@ impl<M: StateMachine> Engine<M> {
     ///
     /// ```
     /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    /// use portcullis::typed::encode;
     ///
     /// struct Total; // the sum of the numbers written
     /// impl TypedMachine for Total {
@@ -291,7 +292,6 @@ impl<M: StateMachine> Engine<M> {
     /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
     /// let clicks = EntityId::new("counters", "clicks")?;
     /// engine.register(&clicks)?;
-    /// use portcullis::typed::encode;
     /// let seqs = engine.append(&clicks, vec![encode(&2u64)?, encode(&3u64)?])?;
     /// assert_eq!(seqs, 1..=2);
     /// assert_eq!(engine.read(&clicks, |t| *t)?, 5);
@@ -322,6 +322,8 @@ impl<M: StateMachine> Engine<M> {
     ///
     /// ```
     /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    /// use portcullis::engine::Deferred;
+    /// use portcullis::typed::encode;
     ///
     /// struct Total; // the sum of the numbers written
     /// impl TypedMachine for Total {
@@ -335,8 +337,6 @@ impl<M: StateMachine> Engine<M> {
     /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
     /// let clicks = EntityId::new("counters", "clicks")?;
     /// engine.register(&clicks)?;
-    /// use portcullis::engine::Deferred;
-    /// use portcullis::typed::encode;
     /// engine.append_typed(&clicks, &[1])?; // restored now, so a deferral is applied at once
     /// assert_eq!(engine.defer(&clicks, encode(&4u64)?)?, Deferred::Applied { seq: 2 });
     /// assert_eq!(engine.read(&clicks, |t| *t)?, 5);
@@ -365,6 +365,8 @@ impl<M: StateMachine> Engine<M> {
     ///
     /// ```
     /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    /// use portcullis::engine::Deferred;
+    /// use portcullis::typed::encode;
     ///
     /// struct Total; // the sum of the numbers written
     /// impl TypedMachine for Total {
@@ -378,8 +380,6 @@ impl<M: StateMachine> Engine<M> {
     /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
     /// let clicks = EntityId::new("counters", "clicks")?;
     /// engine.register(&clicks)?;
-    /// use portcullis::engine::Deferred;
-    /// use portcullis::typed::encode;
     /// let first = engine.defer_once(&clicks, b"request-17", encode(&4u64)?)?;
     /// assert!(matches!(first, Deferred::Applied { .. } | Deferred::Queued));
     /// // A retry of the same request writes nothing.

@@ -109,6 +109,7 @@ impl RevocationHandle {
     /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
     /// use portcullis::store::{Batch, MemoryStore};
     /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let clock = Arc::new(ManualClock::new(0));
@@ -116,7 +117,6 @@ impl RevocationHandle {
     /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
     /// let ns = Namespace::new("jobs")?;
     /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
-    /// use std::time::Duration;
     /// let handle = fence.revoke_in_background(&ns, Default::default());
     /// match handle.wait(Duration::from_secs(10)) {
     ///     Some(Ok(report)) => assert!(report.complete),
@@ -156,6 +156,7 @@ impl RevocationHandle {
     /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
     /// use portcullis::store::{Batch, MemoryStore};
     /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let clock = Arc::new(ManualClock::new(0));
@@ -163,7 +164,6 @@ impl RevocationHandle {
     /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
     /// let ns = Namespace::new("jobs")?;
     /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
-    /// use std::time::Duration;
     /// fence.mark_lease_table_recovered(&ns)?; // revocation must now wait out a lease
     /// let handle = fence.revoke_in_background(&ns, Default::default());
     /// handle.cancel();
@@ -231,6 +231,7 @@ impl Fence {
     /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
     /// use portcullis::store::{Batch, MemoryStore};
     /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::{Duration, Instant};
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let clock = Arc::new(ManualClock::new(0));
@@ -238,7 +239,6 @@ impl Fence {
     /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
     /// let ns = Namespace::new("jobs")?;
     /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
-    /// use std::time::{Duration, Instant};
     /// let _driver = fence.revoke_in_background(&ns, Default::default());
     /// // Shutting down: stop every background revocation, waiting at most a second.
     /// assert!(fence.stop_drivers(Instant::now() + Duration::from_secs(1)));
@@ -269,6 +269,7 @@ impl Fence {
     /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
     /// use portcullis::store::{Batch, MemoryStore};
     /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let clock = Arc::new(ManualClock::new(0));
@@ -276,7 +277,6 @@ impl Fence {
     /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
     /// let ns = Namespace::new("jobs")?;
     /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
-    /// use std::time::Duration;
     /// fence.bump_epoch(&ns, 1)?;
     /// let handle = fence.revoke_in_background(&ns, Default::default());
     /// let report = handle.wait(Duration::from_secs(10)).expect("finished in time")?;

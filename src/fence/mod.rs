@@ -163,6 +163,7 @@ impl Fence {
     /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
     /// use portcullis::store::{Batch, MemoryStore};
     /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use portcullis::fence::{FenceGrant, FenceKind, write_under};
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let clock = Arc::new(ManualClock::new(0));
@@ -170,7 +171,6 @@ impl Fence {
     /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
     /// let ns = Namespace::new("jobs")?;
     /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
-    /// use portcullis::fence::{FenceGrant, FenceKind, write_under};
     /// // A second fence on the same store, for an authority that grants its own generations.
     /// let authority = Fence::with_kind(fence.store().clone(), clock, FenceConfig::default(), FenceKind::Authority);
     /// let grants = [FenceGrant { fence: &fence, grant: 0 }, FenceGrant { fence: &authority, grant: 0 }];
@@ -320,6 +320,7 @@ impl Fence {
     /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
     /// use portcullis::store::{Batch, MemoryStore};
     /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use portcullis::store::Store;
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let clock = Arc::new(ManualClock::new(0));
@@ -327,7 +328,6 @@ impl Fence {
     /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
     /// let ns = Namespace::new("jobs")?;
     /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
-    /// use portcullis::store::Store;
     /// let _ = fence.write(&job, 0, Batch::new().put("state", "queued"))?;
     /// assert_eq!(fence.store().get(&job.partition(), b"state")?, Some(b"queued".to_vec()));
     /// # Ok(())

@@ -143,11 +143,11 @@ pub trait Store: Send + Sync {
     ///
     /// ```
     /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    /// use portcullis::store::KeyRange;
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let store = MemoryStore::new();
     /// let p = Partition::new("accounts")?;
-    /// use portcullis::store::KeyRange;
     /// store.apply(&p, &Batch::new().put("a", "1").put("b", "2").put("c", "3"))?;
     /// let first = store.scan(&p, &KeyRange::all(), None, 2)?;
     /// assert_eq!(first.entries.len(), 2);
@@ -197,11 +197,11 @@ pub trait Store: Send + Sync {
     ///
     /// ```
     /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    /// use portcullis::store::Outcome;
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let store = MemoryStore::new();
     /// let p = Partition::new("accounts")?;
-    /// use portcullis::store::Outcome;
     /// let open = Batch::new().absent("alice").put("alice", "10");
     /// assert_eq!(store.apply(&p, &open)?, Outcome::Committed);
     /// assert_eq!(store.apply(&p, &open)?, Outcome::PreconditionFailed { index: 0 });

@@ -492,11 +492,11 @@ impl Batch {
     ///
     /// ```
     /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    /// use portcullis::store::KeyRange;
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let store = MemoryStore::new();
     /// let p = Partition::new("accounts")?;
-    /// use portcullis::store::KeyRange;
     /// store.apply(&p, &Batch::new().put("tmp/1", "a").put("tmp/2", "b").put("keep", "c"))?;
     /// store.apply(&p, &Batch::new().delete_range(KeyRange::prefix(b"tmp/")))?;
     /// assert_eq!(store.entries(&p, KeyRange::all()).count(), 1);

@@ -538,10 +538,10 @@ impl FileStore {
     ///
     /// ```
     /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    /// use portcullis::SyncPolicy;
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let dir = tempfile::tempdir().expect("a temporary directory");
-    /// use portcullis::SyncPolicy;
     /// let store = FileStore::builder(dir.path())
     ///     .sync_policy(SyncPolicy::PeriodicMayLoseRecent { interval_ms: 50 })
     ///     .open()?;
@@ -819,10 +819,10 @@ impl FileStore {
     ///
     /// ```
     /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    /// use portcullis::SyncPolicy;
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let dir = tempfile::tempdir().expect("a temporary directory");
-    /// use portcullis::SyncPolicy;
     /// let store = FileStore::builder(dir.path()).sync_policy(SyncPolicy::NeverSyncMayLoseRecent).open()?;
     /// let p = Partition::new("accounts")?;
     /// store.apply(&p, &Batch::new().put("alice", "10"))?;
