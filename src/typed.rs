@@ -248,27 +248,31 @@ impl<T: TypedMachine> Engine<Typed<T>> {
     /// registered (unless the engine registers on first write), [`Error::Contained`],
     /// [`Error::Fenced`]; [`Error::InvalidArgument`] if a record does not encode.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Stock;
-    /// # impl TypedMachine for Stock {
-    /// #     type Record = i64; type State = i64;
-    /// #     fn fresh(&self, _: &EntityId) -> i64 { 0 }
-    /// #     fn apply(&self, s: &mut i64, _: &portcullis::ApplyContext<'_>, d: i64) -> Result<(), Rejection> { *s += d; Ok(()) }
-    /// # }
-    /// # let engine = Engine::builder(Typed(Stock))
-    /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
-    /// let item = EntityId::new("stock", "widget")?;
-    /// engine.register(&item)?;
-    /// engine.append_typed(&item, &[5])?;
-    /// // Take 3 only if there are at least 3.
-    /// let taken = engine.write_typed(&item, |on_hand| {
-    ///     if *on_hand >= 3 { (vec![-3], true) } else { (vec![], false) }
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// engine.append_typed(&clicks, &[5])?;
+    /// // Add 3 only if the total stays at most 6.
+    /// let added = engine.write_typed(&clicks, |total| {
+    ///     if *total + 3 <= 6 { (vec![3], true) } else { (vec![], false) }
     /// })?;
-    /// assert!(taken.value);
-    /// assert_eq!(engine.read(&item, |n| *n)?, 2);
-    /// # Ok::<(), portcullis::Error>(())
+    /// assert_eq!((added.value, added.seqs), (false, None)); // nothing was written
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn write_typed<V>(
         &self,
@@ -294,22 +298,30 @@ impl<T: TypedMachine> Engine<Typed<T>> {
     /// # Errors
     /// As [`Engine::append`], and [`Error::InvalidArgument`] if a record does not encode.
     ///
+    /// Answers [`Error::UnknownEntity`] if the entity was never registered, unless
+    /// [`EngineBuilder::register_on_first_write`](crate::EngineBuilder::register_on_first_write) is on.
+    ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Chat;
-    /// # impl TypedMachine for Chat {
-    /// #     type Record = String; type State = usize;
-    /// #     fn fresh(&self, _: &EntityId) -> usize { 0 }
-    /// #     fn apply(&self, s: &mut usize, _: &portcullis::ApplyContext<'_>, _: String) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// assert_eq!(engine.append_typed(&clicks, &[1, 2, 3])?, 1..=3);
+    /// assert_eq!(engine.read(&clicks, |t| *t)?, 6);
+    /// # Ok(())
     /// # }
-    /// # let engine = Engine::builder(Typed(Chat))
-    /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
-    /// let room = EntityId::new("chat", "lobby")?;
-    /// engine.register(&room)?;
-    /// let seqs = engine.append_typed(&room, &["hi".to_string(), "there".to_string()])?;
-    /// assert_eq!(seqs, 1..=2);
-    /// # Ok::<(), portcullis::Error>(())
     /// ```
     pub fn append_typed(
         &self,
@@ -324,22 +336,30 @@ impl<T: TypedMachine> Engine<Typed<T>> {
     /// # Errors
     /// As [`Engine::defer`], and [`Error::InvalidArgument`] if the record does not encode.
     ///
+    /// Answers [`Error::UnknownEntity`] if the entity was never registered, unless
+    /// [`EngineBuilder::register_on_first_write`](crate::EngineBuilder::register_on_first_write) is on.
+    ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Chat;
-    /// # impl TypedMachine for Chat {
-    /// #     type Record = String; type State = usize;
-    /// #     fn fresh(&self, _: &EntityId) -> usize { 0 }
-    /// #     fn apply(&self, s: &mut usize, _: &portcullis::ApplyContext<'_>, _: String) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// engine.defer_typed(&clicks, &5)?;
+    /// assert_eq!(engine.read(&clicks, |t| *t)?, 5);
+    /// # Ok(())
     /// # }
-    /// # let engine = Engine::builder(Typed(Chat))
-    /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
-    /// let room = EntityId::new("chat", "lobby")?;
-    /// engine.register(&room)?;
-    /// engine.defer_typed(&room, &"queued while pending".to_string())?;
-    /// assert_eq!(engine.read(&room, |n| *n)?, 1);
-    /// # Ok::<(), portcullis::Error>(())
     /// ```
     pub fn defer_typed(&self, entity: &EntityId, record: &T::Record) -> Result<Deferred> {
         self.defer(entity, encode(record)?)
@@ -351,23 +371,28 @@ impl<T: TypedMachine> Engine<Typed<T>> {
     /// # Errors
     /// As [`Engine::history`]: [`Error::UnknownEntity`] if the entity is not registered.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Chat;
-    /// # impl TypedMachine for Chat {
-    /// #     type Record = String; type State = usize;
-    /// #     fn fresh(&self, _: &EntityId) -> usize { 0 }
-    /// #     fn apply(&self, s: &mut usize, _: &portcullis::ApplyContext<'_>, _: String) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// engine.append_typed(&clicks, &[10, 20])?;
+    /// let records: Vec<(u64, u64)> = engine.history_typed(&clicks, 1)?.collect::<Result<_, _>>()?;
+    /// assert_eq!(records, [(1, 10), (2, 20)]);
+    /// # Ok(())
     /// # }
-    /// # let engine = Engine::builder(Typed(Chat))
-    /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
-    /// let room = EntityId::new("chat", "lobby")?;
-    /// engine.register(&room)?;
-    /// engine.append_typed(&room, &["a".to_string(), "b".to_string()])?;
-    /// let lines = engine.history_typed(&room, 1)?.collect::<Result<Vec<_>, _>>()?;
-    /// assert_eq!(lines, vec![(1, "a".to_string()), (2, "b".to_string())]);
-    /// # Ok::<(), portcullis::Error>(())
     /// ```
     pub fn history_typed(
         &self,

@@ -125,6 +125,29 @@ impl<M: StateMachine> EngineBuilder<M> {
 
     /// Opens the default, file-backed store in `dir` (created if missing). Either this or
     /// [`store`](Self::store) is required; a store given with `store` wins.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .directory(dir.path())
+    ///     .open()?;
+    /// // Reopening the directory later finds every entity written here.
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn directory(mut self, dir: impl Into<PathBuf>) -> Self {
         self.directory = Some(dir.into());
         self
@@ -134,6 +157,29 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// tests, or another backend). The file store's own options
     /// ([`sync_policy`](Self::sync_policy), [`file_store`](Self::file_store)) cannot be
     /// combined with it: [`open`](Self::open) refuses the mix.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .open()?;
+    /// assert_eq!(engine.incarnation(), 1);
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn store(mut self, store: Arc<dyn Store>) -> Self {
         self.store = Some(store);
         self
@@ -143,24 +189,28 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// [`SyncPolicy::SyncEveryCommit`], where a write returns only once it is on stable
     /// storage. The other policies say in their names what a crash may lose.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Count;
-    /// # impl TypedMachine for Count {
-    /// #     type Record = (); type State = u64;
-    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
-    /// # }
-    /// use portcullis::store::SyncPolicy;
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let engine = Engine::builder(Typed(Count))
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let engine = Engine::builder(Typed(Total))
     ///     .directory(dir.path())
     ///     // A crash may lose up to 50 ms of acknowledged writes, never part of one.
-    ///     .sync_policy(SyncPolicy::PeriodicMayLoseRecent { interval_ms: 50 })
+    ///     .sync_policy(portcullis::SyncPolicy::PeriodicMayLoseRecent { interval_ms: 50 })
     ///     .open()?;
     /// engine.close()?;
-    /// # Ok::<(), portcullis::Error>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn sync_policy(self, policy: SyncPolicy) -> Self {
         self.file_store(move |b| b.sync_policy(policy))
@@ -171,22 +221,27 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// store's clock to its own ([`clock`](Self::clock)) after these. May be called more than
     /// once; the changes apply in order.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Count;
-    /// # impl TypedMachine for Count {
-    /// #     type Record = (); type State = u64;
-    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
-    /// # }
-    /// let dir = tempfile::tempdir().unwrap();
-    /// let engine = Engine::builder(Typed(Count))
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let engine = Engine::builder(Typed(Total))
     ///     .directory(dir.path())
     ///     .file_store(|store| store.segment_bytes(8 << 20).auto_compact(false))
     ///     .open()?;
     /// engine.close()?;
-    /// # Ok::<(), portcullis::Error>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn file_store(
         mut self,
@@ -201,23 +256,30 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// answering [`Error::UnknownEntity`]. Default: false, so a misspelt id is an error rather
     /// than a new entity. Reads never register.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Count;
-    /// # impl TypedMachine for Count {
-    /// #     type Record = (); type State = u64;
-    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
-    /// # }
-    /// let engine = Engine::builder(Typed(Count))
-    ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
     ///     .register_on_first_write(true)
     ///     .open()?;
     /// let new = EntityId::new("counters", "first")?;
-    /// engine.append_typed(&new, &[()])?; // no register call needed
-    /// assert_eq!(engine.read(&new, |n| *n)?, 1);
-    /// # Ok::<(), portcullis::Error>(())
+    /// engine.append_typed(&new, &[1])?; // no register call needed
+    /// assert_eq!(engine.read(&new, |t| *t)?, 1);
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn register_on_first_write(mut self, register: bool) -> Self {
         self.register_on_first_write = register;
@@ -232,20 +294,31 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// The checkpoint runs after the write has committed; if it fails, the write still
     /// succeeds and the failure is logged (the next write owes the checkpoint again).
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Count;
-    /// # impl TypedMachine for Count {
-    /// #     type Record = (); type State = u64;
-    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
-    /// # }
-    /// let engine = Engine::builder(Typed(Count))
-    ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
-    ///     .checkpoint_every(100)
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .checkpoint_every(100) // a restart replays at most about 100 records per entity
     ///     .open()?;
-    /// # Ok::<(), portcullis::Error>(())
+    /// let e = EntityId::new("counters", "a")?;
+    /// engine.register(&e)?;
+    /// engine.append_typed(&e, &[1; 100])?;
+    /// assert!(engine.verify_checkpoint(&e)?); // the write left a checkpoint
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn checkpoint_every(mut self, records: u64) -> Self {
         self.checkpoint_every = Some(records);
@@ -257,6 +330,33 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// [`store`](Self::store) the engine reads the store's own clock, and `open` refuses a
     /// clock that disagrees with it (give the store the same clock instead). Default: the
     /// system clock, or the given store's clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = std::sync::Arc::new(portcullis::ManualClock::new(1_000));
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .directory(dir.path())
+    ///     .clock(clock.clone())
+    ///     .open()?;
+    /// assert_eq!(engine.now_ms(), 1_000);
+    /// clock.advance(500);
+    /// assert_eq!(engine.now_ms(), 1_500);
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn clock(mut self, clock: SharedClock) -> Self {
         self.clock = Some(clock);
         self
@@ -265,18 +365,92 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// The owner id this engine serves namespaces as (SPEC F11). Engines sharing one store
     /// need distinct ids; each id has its own incarnations, and a namespace's owner row names
     /// the id holding it. 1 to 64 bytes of `[a-z0-9._-]`. Default: `"default"`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .owner("node-1")
+    ///     .open()?;
+    /// assert_eq!(engine.owner(), "node-1");
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = owner.into();
         self
     }
 
     /// Adopts `ns` at open, as [`Engine::own`] would (SPEC F11). May be given several times.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .adopt_on_first_use(false)
+    ///     .own(portcullis::Namespace::new("counters")?)
+    ///     .open()?;
+    /// assert_eq!(engine.grant(&portcullis::Namespace::new("counters")?), Some(0));
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn own(mut self, ns: Namespace) -> Self {
         self.own.push((ns, Mode::Fenced));
         self
     }
 
     /// Adopts `ns` unfenced at open, as [`Engine::own_unfenced`] would.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .own_unfenced(portcullis::Namespace::new("counters")?)
+    ///     .open()?;
+    /// let ns = portcullis::Namespace::new("counters")?;
+    /// assert!(engine.bump_epoch(&ns, 1).is_err()); // unfenced namespaces are never taken over
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn own_unfenced(mut self, ns: Namespace) -> Self {
         self.own.push((ns, Mode::Unfenced));
         self
@@ -286,6 +460,33 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// would (SPEC F11). It never adopts a namespace another owner holds at its current epoch,
     /// nor one this engine was fenced out of or released. Turn it off when namespaces move
     /// between engines, so that only an explicit [`Engine::own`] serves one. Default: true.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .adopt_on_first_use(false) // only Engine::own serves a namespace
+    ///     .open()?;
+    /// let e = EntityId::new("counters", "a")?;
+    /// assert!(engine.register(&e).is_err()); // NotServed
+    /// engine.own(e.namespace())?;
+    /// engine.register(&e)?;
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn adopt_on_first_use(mut self, adopt: bool) -> Self {
         self.adopt_on_first_use = adopt;
         self
@@ -293,6 +494,29 @@ impl<M: StateMachine> EngineBuilder<M> {
 
     /// Threads in the engine's rayon pool (the warm and background revocation).
     /// Default: the number of available cores. At least 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .pool_threads(2)
+    ///     .open()?;
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn pool_threads(mut self, threads: usize) -> Self {
         self.pool_threads = threads;
         self
@@ -302,23 +526,27 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// background drivers and calls in flight before it gives up with `Unavailable` and leaves
     /// the incarnation not marked clean (SPEC R11). Default: 30 s.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use std::{sync::Arc, time::Duration};
-    /// # use portcullis::{Engine, EntityId, Rejection, StateMachine, store::MemoryStore};
-    /// # struct M;
-    /// # impl StateMachine for M {
-    /// #     type State = ();
-    /// #     fn fresh(&self, _: &EntityId) {}
-    /// #     fn apply(&self, _: &mut (), _: &portcullis::ApplyContext<'_>, _: &[u8]) -> Result<(), Rejection> { Ok(()) }
-    /// #     fn encode_checkpoint(&self, _: &()) -> Vec<u8> { Vec::new() }
-    /// #     fn decode_checkpoint(&self, _: &EntityId, _: &[u8]) -> Result<(), Rejection> { Ok(()) }
-    /// # }
-    /// let engine = Engine::builder(M)
-    ///     .store(Arc::new(MemoryStore::new()))
-    ///     .close_timeout(Duration::from_secs(5))
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .close_timeout(std::time::Duration::from_secs(5))
     ///     .open()?;
     /// engine.close()?;
-    /// # Ok::<(), portcullis::Error>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn close_timeout(mut self, timeout: std::time::Duration) -> Self {
         self.close_timeout = timeout;
@@ -327,6 +555,30 @@ impl<M: StateMachine> EngineBuilder<M> {
 
     /// At most this many entities are restored by a warm at once (SPEC R6). Default: 4.
     /// Foreground touches never queue behind this bound: they restore inline.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .warm_parallelism(2)
+    ///     .warm_on_open(true)
+    ///     .open()?;
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn warm_parallelism(mut self, workers: usize) -> Self {
         self.warm_parallelism = workers;
         self
@@ -334,6 +586,29 @@ impl<M: StateMachine> EngineBuilder<M> {
 
     /// A restore unit that folds more records than this publishes a checkpoint (SPEC R3).
     /// Default: 10,000.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .checkpoint_tail_bound(1_000)
+    ///     .open()?;
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn checkpoint_tail_bound(mut self, records: u64) -> Self {
         self.checkpoint_tail_bound = records;
         self
@@ -341,12 +616,65 @@ impl<M: StateMachine> EngineBuilder<M> {
 
     /// Whether [`Engine::checkpoint`] also truncates the history the checkpoint covers
     /// (SPEC L3). Default: false (keep all history).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .truncate_after_checkpoint(true)
+    ///     .open()?;
+    /// let e = EntityId::new("counters", "a")?;
+    /// engine.register(&e)?;
+    /// engine.append_typed(&e, &[1, 2, 3])?;
+    /// engine.checkpoint(&e)?; // records 1 to 3 are deleted now
+    /// assert_eq!(engine.history(&e, 1)?.count(), 0);
+    /// assert_eq!(engine.read(&e, |t| *t)?, 6);
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn truncate_after_checkpoint(mut self, truncate: bool) -> Self {
         self.truncate_after_checkpoint = truncate;
         self
     }
 
     /// Whether opening starts a background warm at once (SPEC R6). Default: false.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .warm_on_open(true)
+    ///     .open()?;
+    /// assert!(engine.current_warm().is_some());
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn warm_on_open(mut self, warm: bool) -> Self {
         self.warm_on_open = warm;
         self
@@ -354,6 +682,31 @@ impl<M: StateMachine> EngineBuilder<M> {
 
     /// Epoch fencing parameters (SPEC F). Default: [`FenceConfig::default`] (30 s leases,
     /// 5 s margin).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    /// use portcullis::fence::FenceConfig;
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let config = FenceConfig::builder().epoch_lease_ms(10_000).lease_margin_ms(2_000).build()?;
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .fence_config(config)
+    ///     .open()?;
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn fence_config(mut self, config: FenceConfig) -> Self {
         self.fence = config;
         self
@@ -394,6 +747,36 @@ impl<M: StateMachine> EngineBuilder<M> {
     }
 
     /// A hook for counters and timings (SPEC R9). Default: none, which costs nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    /// use portcullis::restore::{Metrics, UnitReport};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// struct Log;
+    /// impl Metrics for Log {
+    ///     fn entity_restored(&self, entity: &EntityId, report: &UnitReport) {
+    ///         println!("{entity} restored: {report:?}");
+    ///     }
+    /// }
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .metrics(std::sync::Arc::new(Log))
+    ///     .open()?;
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn metrics(mut self, metrics: Arc<dyn Metrics>) -> Self {
         self.metrics = Some(metrics);
         self
@@ -401,6 +784,31 @@ impl<M: StateMachine> EngineBuilder<M> {
 
     /// Opens the engine: records the new incarnation, adopts the namespaces given with
     /// [`own`](Self::own), and returns at once (SPEC R1).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .warm_on_open(false)
+    ///     .open()?;
+    /// let e = EntityId::new("counters", "a")?;
+    /// engine.register(&e)?;
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn open(mut self) -> Result<Engine<M>> {
         if self.pool_threads == 0 || self.warm_parallelism == 0 {
             return Err(Error::invalid(

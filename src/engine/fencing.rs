@@ -24,30 +24,34 @@ impl<M: StateMachine> Engine<M> {
     /// first, so no write of the old owner can commit any more. A take-over from an owner that did not release the namespace (it
     /// died, or was deposed) runs the unclean-restart repair once per entity (SPEC R3).
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use std::sync::Arc;
-    /// # use portcullis::{Engine, EntityId, Namespace, store::{MemoryStore, Store}};
-    /// # use portcullis::restore::{Rejection, StateMachine};
-    /// # struct Count;
-    /// # impl StateMachine for Count {
-    /// #     type State = u64;
-    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: &[u8]) -> Result<(), Rejection> { *s += 1; Ok(()) }
-    /// #     fn encode_checkpoint(&self, s: &u64) -> Vec<u8> { s.to_le_bytes().to_vec() }
-    /// #     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<u64, Rejection> {
-    /// #         Ok(u64::from_le_bytes(b.try_into().unwrap()))
-    /// #     }
-    /// # }
+    /// use std::sync::Arc;
+    /// use portcullis::store::{MemoryStore, Store};
+    /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
     /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    /// let ns = Namespace::new("chat").unwrap();
-    /// let a = Engine::builder(Count).store(store.clone()).owner("a").adopt_on_first_use(false).open().unwrap();
-    /// let b = Engine::builder(Count).store(store).owner("b").adopt_on_first_use(false).open().unwrap();
-    /// assert_eq!(a.own(&ns).unwrap(), 0);
+    /// let ns = Namespace::new("jobs")?;
+    /// let a = Engine::builder(Typed(Total)).store(store.clone()).owner("a").adopt_on_first_use(false).open()?;
+    /// let b = Engine::builder(Typed(Total)).store(store).owner("b").adopt_on_first_use(false).open()?;
+    /// assert_eq!(a.own(&ns)?, 0);
     /// assert!(b.own(&ns).is_err(), "a holds it");
     /// // b takes it over: bump, revoke to Complete, adopt.
-    /// b.bump_epoch(&ns, 1).unwrap();
-    /// while b.revoke_step(&ns, Default::default()).unwrap() != portcullis::fence::RevokeProgress::Complete {}
-    /// assert_eq!(b.own(&ns).unwrap(), 1);
+    /// b.bump_epoch(&ns, 1)?;
+    /// while b.revoke_step(&ns, Default::default())? != portcullis::fence::RevokeProgress::Complete {}
+    /// assert_eq!(b.own(&ns)?, 1);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn own(&self, ns: &Namespace) -> Result<u64> {
         let _open = self.enter()?;
@@ -65,26 +69,32 @@ impl<M: StateMachine> Engine<M> {
     /// for a namespace that has ever been bumped, and with
     /// [`NotServed`](crate::Error::NotServed) while another owner holds it.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use std::sync::Arc;
-    /// # use portcullis::{Engine, EntityId, Namespace, store::{MemoryStore, Store}};
-    /// # use portcullis::restore::{Rejection, StateMachine};
-    /// # struct Count;
-    /// # impl StateMachine for Count {
-    /// #     type State = u64;
-    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: &[u8]) -> Result<(), Rejection> { *s += 1; Ok(()) }
-    /// #     fn encode_checkpoint(&self, s: &u64) -> Vec<u8> { s.to_le_bytes().to_vec() }
-    /// #     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<u64, Rejection> {
-    /// #         Ok(u64::from_le_bytes(b.try_into().unwrap()))
-    /// #     }
-    /// # }
+    /// use std::sync::Arc;
+    /// use portcullis::store::{MemoryStore, Store};
+    /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
     /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    /// let ns = Namespace::new("local").unwrap();
-    /// let a = Engine::builder(Count).store(store.clone()).owner("a").open().unwrap();
-    /// let b = Engine::builder(Count).store(store).owner("b").open().unwrap();
-    /// a.own_unfenced(&ns).unwrap();
-    /// assert!(b.bump_epoch(&ns, 1).is_err(), "no engine can bump it");
+    /// let ns = Namespace::new("jobs")?;
+    /// let engine = Engine::builder(Typed(Total)).store(store.clone()).adopt_on_first_use(false).open()?;
+    /// engine.own_unfenced(&ns)?; // this engine alone ever serves it
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// engine.register(&job)?;
+    /// let other = Engine::builder(Typed(Total)).store(store).owner("other").open()?;
+    /// assert!(other.bump_epoch(&ns, 1).is_err(), "no engine can bump it");
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn own_unfenced(&self, ns: &Namespace) -> Result<()> {
         let _open = self.enter()?;
@@ -99,6 +109,34 @@ impl<M: StateMachine> Engine<M> {
     /// stay owed unless it restored every entity of it. Later calls for the namespace answer
     /// [`NotServed`](crate::Error::NotServed) until [`Engine::own`]. Releasing a namespace this
     /// engine does not serve does nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::store::{MemoryStore, Store};
+    /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let ns = Namespace::new("jobs")?;
+    /// let a = Engine::builder(Typed(Total)).store(store.clone()).owner("a").adopt_on_first_use(false).open()?;
+    /// let b = Engine::builder(Typed(Total)).store(store).owner("b").adopt_on_first_use(false).open()?;
+    /// a.own(&ns)?;
+    /// a.release_namespace(&ns)?; // a clean hand-over: b needs no bump and runs no repair
+    /// assert_eq!(b.own(&ns)?, 0);
+    /// assert!(a.grant(&ns).is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn release_namespace(&self, ns: &Namespace) -> Result<()> {
         let _open = self.enter()?;
         let all_repaired = self.inner.restorer.all_restored_in(ns);
@@ -107,6 +145,32 @@ impl<M: StateMachine> Engine<M> {
 
     /// The grant this engine serves a namespace under, if it serves it now (not deposed,
     /// released or never adopted). Answers from memory.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::store::{MemoryStore, Store};
+    /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let ns = Namespace::new("jobs")?;
+    /// let engine = Engine::builder(Typed(Total)).store(store).adopt_on_first_use(false).open()?;
+    /// assert_eq!(engine.grant(&ns), None); // not adopted yet
+    /// engine.own(&ns)?;
+    /// assert_eq!(engine.grant(&ns), Some(0));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn grant(&self, ns: &Namespace) -> Option<u64> {
         self.inner.owners.held(ns).map(|h| h.grant)
     }
@@ -114,6 +178,31 @@ impl<M: StateMachine> Engine<M> {
     /// The terms of the namespace whose unclean-restart repairs this engine runs as it restores
     /// entities (one per holder that ended without releasing the namespace, SPEC R3), adopting
     /// the namespace first if adoption on first use is on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::store::{MemoryStore, Store};
+    /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let ns = Namespace::new("jobs")?;
+    /// let engine = Engine::builder(Typed(Total)).store(store).adopt_on_first_use(false).open()?;
+    /// engine.own(&ns)?;
+    /// assert!(engine.owed_repairs(&ns)?.is_empty()); // nobody ended without releasing it
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn owed_repairs(&self, ns: &Namespace) -> Result<Vec<u64>> {
         let _open = self.enter()?;
         Ok(self.inner.owners.serving(ns)?.owed.to_vec())
@@ -121,6 +210,31 @@ impl<M: StateMachine> Engine<M> {
 
     /// The epoch fence the engine's writes commit through, for everything else it offers
     /// (background revocation, the sweeper, statistics).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::store::{MemoryStore, Store};
+    /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let ns = Namespace::new("jobs")?;
+    /// let engine = Engine::builder(Typed(Total)).store(store).adopt_on_first_use(false).open()?;
+    /// let stats = engine.fence().stats();
+    /// println!("{} fencing store calls so far", stats.store_calls);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn fence(&self) -> &Fence {
         &self.inner.fence
     }
@@ -134,6 +248,32 @@ impl<M: StateMachine> Engine<M> {
     }
 
     /// A namespace's current epoch (0 before the first bump).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::store::{MemoryStore, Store};
+    /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let ns = Namespace::new("jobs")?;
+    /// let engine = Engine::builder(Typed(Total)).store(store).adopt_on_first_use(false).open()?;
+    /// assert_eq!(engine.current_epoch(&ns)?, 0);
+    /// engine.bump_epoch(&ns, 2)?;
+    /// assert_eq!(engine.current_epoch(&ns)?, 2);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn current_epoch(&self, ns: &Namespace) -> Result<u64> {
         let _open = self.enter()?;
         self.inner.fence.current_epoch(ns)
@@ -142,12 +282,69 @@ impl<M: StateMachine> Engine<M> {
     /// Advances a namespace's epoch to `new` (SPEC F1): the first step of a take-over. Refused
     /// with [`InvalidArgument`](crate::Error::InvalidArgument) for a namespace declared
     /// unfenced (by any engine, [`Engine::own_unfenced`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::store::{MemoryStore, Store};
+    /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let ns = Namespace::new("jobs")?;
+    /// let a = Engine::builder(Typed(Total)).store(store.clone()).owner("a").adopt_on_first_use(false).open()?;
+    /// let b = Engine::builder(Typed(Total)).store(store).owner("b").adopt_on_first_use(false).open()?;
+    /// a.own(&ns)?;
+    /// b.bump_epoch(&ns, 1)?; // the first step of b's take-over
+    /// while b.revoke_step(&ns, Default::default())? != portcullis::fence::RevokeProgress::Complete {}
+    /// b.own(&ns)?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// assert!(matches!(a.register(&job), Err(portcullis::Error::Fenced { .. })));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn bump_epoch(&self, ns: &Namespace, new: u64) -> Result<()> {
         let _open = self.enter()?;
         self.inner.fence.bump_epoch(ns, new)
     }
 
     /// Runs one bounded revocation slice for a namespace (SPEC F4, F5).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::store::{MemoryStore, Store};
+    /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    /// use portcullis::fence::{RevokeBudget, RevokeProgress};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let ns = Namespace::new("jobs")?;
+    /// let engine = Engine::builder(Typed(Total)).store(store).adopt_on_first_use(false).open()?;
+    /// engine.bump_epoch(&ns, 1)?;
+    /// // Each slice is bounded; run the next when convenient.
+    /// while engine.revoke_step(&ns, RevokeBudget::default().with_max_pages(4))? != RevokeProgress::Complete {}
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn revoke_step(&self, ns: &Namespace, budget: RevokeBudget) -> Result<RevokeProgress> {
         let _open = self.enter()?;
         self.inner.fence.revoke_step(ns, budget)
@@ -163,6 +360,34 @@ impl<M: StateMachine> Engine<M> {
     }
 
     /// Declares a namespace's lease table recovered (SPEC F6).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::store::{MemoryStore, Store};
+    /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    /// use portcullis::fence::{RevokeBudget, RevokeProgress};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let ns = Namespace::new("jobs")?;
+    /// let engine = Engine::builder(Typed(Total)).store(store).adopt_on_first_use(false).open()?;
+    /// // The lease rows were restored from a backup: no revocation completes for a lease's time.
+    /// engine.mark_lease_table_recovered(&ns)?;
+    /// let progress = engine.revoke_step(&ns, RevokeBudget::default())?;
+    /// assert!(matches!(progress, RevokeProgress::Pending { .. }));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn mark_lease_table_recovered(&self, ns: &Namespace) -> Result<()> {
         let _open = self.enter()?;
         self.inner.fence.mark_lease_table_recovered(ns)

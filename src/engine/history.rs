@@ -71,23 +71,28 @@ impl<M: StateMachine> Engine<M> {
     /// [`Error::Closed`](crate::Error::Closed) after [`Engine::close`]; while iterating,
     /// [`Error::Corrupt`](crate::Error::Corrupt) for a damaged record.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Chat;
-    /// # impl TypedMachine for Chat {
-    /// #     type Record = String; type State = usize;
-    /// #     fn fresh(&self, _: &EntityId) -> usize { 0 }
-    /// #     fn apply(&self, s: &mut usize, _: &portcullis::ApplyContext<'_>, _: String) -> Result<(), Rejection> { *s += 1; Ok(()) }
-    /// # }
-    /// # let engine = Engine::builder(Typed(Chat))
-    /// #     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new())).open()?;
-    /// let room = EntityId::new("chat", "lobby")?;
-    /// engine.register(&room)?;
-    /// engine.append_typed(&room, &["a".to_string(), "b".to_string(), "c".to_string()])?;
-    /// let seqs: Vec<u64> = engine.history(&room, 2)?.map(|r| r.map(|r| r.seq)).collect::<Result<_, _>>()?;
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// engine.append_typed(&clicks, &[10, 20, 30])?;
+    /// let seqs: Vec<u64> = engine.history(&clicks, 2)?.map(|r| r.map(|r| r.seq)).collect::<Result<_, _>>()?;
     /// assert_eq!(seqs, [2, 3]);
-    /// # Ok::<(), portcullis::Error>(())
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn history(&self, entity: &EntityId, from_seq: u64) -> Result<History> {
         let _open = self.enter()?;

@@ -98,6 +98,30 @@ impl<M: StateMachine> Engine<M> {
     /// marked clean (the next open runs the unclean-restart repair). Called from inside a
     /// call, closure, hook or restore unit of this engine it would wait for itself, and is
     /// refused with [`Error::WouldDeadlock`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// engine.append_typed(&clicks, &[1])?;
+    /// engine.close()?; // waits for calls in flight, then closes the store
+    /// assert!(engine.read(&clicks, |t| *t).is_err()); // closed
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn close(&self) -> Result<()> {
         if self.inner.restorer.inside_engine() {
             return Err(Error::WouldDeadlock {

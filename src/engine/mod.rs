@@ -43,7 +43,7 @@ use owner::Owners;
 
 /// How many times [`Engine::verify_checkpoint`] audits again when the checkpoint or history
 /// root moved during its walk.
-pub const AUDIT_ATTEMPTS: usize = 3;
+pub(crate) const AUDIT_ATTEMPTS: usize = 3;
 
 /// An open engine: many durable entities over one store, each restored lazily on first touch.
 ///
@@ -103,6 +103,26 @@ struct Inner<M: StateMachine> {
 
 impl<M: StateMachine> Engine<M> {
     /// Starts configuring an engine for `machine`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let engine = Engine::builder(Typed(Total)).directory(dir.path()).open()?;
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn builder(machine: M) -> EngineBuilder<M> {
         EngineBuilder::new(machine)
     }
@@ -239,28 +259,132 @@ impl<M: StateMachine> Engine<M> {
     }
 
     /// This engine's incarnation number (1, 2, 3 ...), counted per owner id.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// assert_eq!(engine.incarnation(), 1); // the first engine over this store
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn incarnation(&self) -> u64 {
         self.inner.incarnation.number
     }
 
     /// The owner id this engine serves namespaces as (see [`EngineBuilder::owner`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// println!("serving as {}", engine.owner());
+    /// assert!(!engine.owner().is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn owner(&self) -> &str {
         self.inner.owners.owner()
     }
 
     /// This owner's previous incarnation, if it ended without a clean shutdown. The repairs
     /// that follow from it are owed per namespace (see [`Engine::owed_repairs`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// assert_eq!(engine.unclean_previous(), None); // a new store: nothing to repair
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn unclean_previous(&self) -> Option<u64> {
         self.inner.incarnation.unclean_previous
     }
 
     /// The engine's clock, in milliseconds: the store's clock (SPEC E4).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let started = engine.now_ms();
+    /// assert!(engine.now_ms() >= started);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn now_ms(&self) -> u64 {
         self.inner.clock.now_ms()
     }
 
     /// Registers an entity durably; it starts pending. Returns `false` if it already was.
     /// The marker is written under the namespace's grant like every other engine write.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// assert!(engine.register(&clicks)?); // registered now
+    /// assert!(!engine.register(&clicks)?); // it already was
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn register(&self, entity: &EntityId) -> Result<bool> {
         let _open = self.enter()?;
         self.inner.owners.serving(entity.namespace())?;
@@ -268,6 +392,30 @@ impl<M: StateMachine> Engine<M> {
     }
 
     /// Every registered entity, in name order. Lists partition names: O(entities), no rows.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// for name in ["b", "a"] {
+    ///     engine.register(&EntityId::new("counters", name)?)?;
+    /// }
+    /// let names: Vec<String> = engine.entities()?.iter().map(|e| e.to_string()).collect();
+    /// assert_eq!(names, ["counters/a", "counters/b"]);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn entities(&self) -> Result<Vec<EntityId>> {
         let _open = self.enter()?;
         self.inner.restorer.entities()
@@ -281,6 +429,33 @@ impl<M: StateMachine> Engine<M> {
     /// touch an entity (read, write, append, defer, checkpoint, fold_all) or close the engine
     /// are refused with [`Error::WouldDeadlock`]; calls that touch none (stats, containment,
     /// entities) are fine (SPEC R11, `docs/restore.md`).
+    ///
+    /// Answers [`Error::UnknownEntity`] if the entity was never registered.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// engine.append_typed(&clicks, &[2, 3])?;
+    /// assert_eq!(engine.read(&clicks, |total| *total)?, 5);
+    /// let unknown = EntityId::new("counters", "nobody")?;
+    /// assert!(matches!(engine.read(&unknown, |t| *t), Err(portcullis::Error::UnknownEntity(_))));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn read<T>(&self, entity: &EntityId, f: impl FnOnce(&M::State) -> T) -> Result<T> {
         let _open = self.enter()?;
         let slot = self.touch(entity)?;
@@ -323,6 +498,32 @@ impl<M: StateMachine> Engine<M> {
 
     /// Publishes a checkpoint of an entity's state at its last record (SPEC L3), and truncates
     /// the history it covers if so configured. Returns the checkpoint's sequence number.
+    ///
+    /// Answers [`Error::UnknownEntity`] if the entity was never registered.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// engine.append_typed(&clicks, &[1, 2, 3])?;
+    /// assert_eq!(engine.checkpoint(&clicks)?, 3); // covers records 1 to 3
+    /// assert_eq!(engine.verify_checkpoint(&clicks)?, true);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn checkpoint(&self, entity: &EntityId) -> Result<u64> {
         let _open = self.enter()?;
         let slot = self.touch(entity)?;
@@ -402,8 +603,35 @@ impl<M: StateMachine> Engine<M> {
     /// and the same history root (first retained record and its base digest): a checkpoint
     /// with truncation that lands during the walk deletes records the walk has not read yet,
     /// which is not damage, and a checkpoint replaced during the walk was not the one
-    /// verified. The audit then starts over (at most [`AUDIT_ATTEMPTS`] times, then
+    /// verified. The audit then starts over (at most 3 times, then
     /// `Unavailable`).
+    ///
+    /// Answers [`Error::UnknownEntity`] if the entity was never registered.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// assert_eq!(engine.verify_checkpoint(&clicks)?, false); // no checkpoint yet
+    /// engine.append_typed(&clicks, &[7])?;
+    /// engine.checkpoint(&clicks)?;
+    /// assert_eq!(engine.verify_checkpoint(&clicks)?, true); // it folds the history it covers
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn verify_checkpoint(&self, entity: &EntityId) -> Result<bool> {
         let _open = self.enter()?;
         self.inner.owners.serving(entity.namespace())?;
@@ -443,6 +671,31 @@ impl<M: StateMachine> Engine<M> {
 
     /// Starts a background warm of every pending entity, or returns the one already running
     /// (SPEC R6).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// engine.append_typed(&clicks, &[1])?;
+    /// let warm = engine.warm()?; // restores every pending entity in the background
+    /// let progress = warm.wait()?;
+    /// assert!(progress.finished);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn warm(&self) -> Result<Warm> {
         let _open = self.enter()?;
         let mut current = self.inner.warm.lock();
@@ -461,18 +714,90 @@ impl<M: StateMachine> Engine<M> {
     }
 
     /// The warm most recently started, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// assert!(engine.current_warm().is_none());
+    /// engine.warm()?.wait()?;
+    /// assert!(engine.current_warm().is_some_and(|w| w.is_finished()));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn current_warm(&self) -> Option<Warm> {
         self.inner.warm.lock().clone()
     }
 
     /// Releases a contained entity so its next touch runs its restore unit again (SPEC R4).
     /// Returns whether it was contained.
+    ///
+    /// Answers [`Error::UnknownEntity`] if the entity was never registered.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// // Nothing to release: the entity is not contained.
+    /// assert!(!engine.release(&clicks)?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn release(&self, entity: &EntityId) -> Result<bool> {
         let _open = self.enter()?;
         self.inner.restorer.release(entity)
     }
 
     /// Why an entity is contained, if it is. Does not touch it.
+    ///
+    /// Answers [`Error::UnknownEntity`] if the entity was never registered.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// engine.append_typed(&clicks, &[1])?;
+    /// assert!(engine.containment(&clicks)?.is_none()); // healthy
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn containment(&self, entity: &EntityId) -> Result<Option<Containment>> {
         let _open = self.enter()?;
         self.inner.restorer.containment(entity)
@@ -481,6 +806,32 @@ impl<M: StateMachine> Engine<M> {
     /// Folds every entity's state into one answer (SPEC R7): waits for a warm to restore every
     /// pending entity first, then visits each restored entity. Contained entities are skipped
     /// and counted in the second value.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// for (name, n) in [("a", 1), ("b", 2)] {
+    ///     let e = EntityId::new("counters", name)?;
+    ///     engine.register(&e)?;
+    ///     engine.append_typed(&e, &[n])?;
+    /// }
+    /// let (sum, contained) = engine.fold_all(0, |sum, _, total| sum + total)?;
+    /// assert_eq!((sum, contained), (3, 0));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn fold_all<A>(
         &self,
         init: A,
@@ -525,6 +876,31 @@ impl<M: StateMachine> Engine<M> {
     }
 
     /// Counters for restore, the warm and the store.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// engine.append_typed(&clicks, &[1])?;
+    /// let stats = engine.stats();
+    /// assert_eq!(stats.phases.entities, 1);
+    /// assert_eq!(stats.incarnation, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stats(&self) -> EngineStats {
         EngineStats {
             incarnation: self.inner.incarnation.number,

@@ -79,6 +79,37 @@ impl<M: StateMachine> Engine<M> {
     /// read and on a deadline. If the grant is stale (another owner took the namespace over),
     /// the write is refused with [`Error::Fenced`], nothing is written, and this engine stops
     /// serving the namespace: every later call for it answers `Fenced` at once.
+    ///
+    /// Answers [`Error::UnknownEntity`] if the entity was never registered, unless
+    /// [`EngineBuilder::register_on_first_write`](crate::EngineBuilder::register_on_first_write) is on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    /// use portcullis::typed::encode;
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// // Add 1 only while the total is below 10; hand back the total seen.
+    /// let written = engine.write(&clicks, |total| {
+    ///     let records = if *total < 10 { vec![encode(&1u64).unwrap()] } else { vec![] };
+    ///     (records, *total)
+    /// })?;
+    /// assert_eq!((written.seqs, written.value), (Some(1..=1), 0));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn write<T>(
         &self,
         entity: &EntityId,
@@ -239,6 +270,34 @@ impl<M: StateMachine> Engine<M> {
     /// Appends records as they are (SPEC L1). Returns their sequence numbers.
     ///
     /// An empty list is refused: there is nothing to append.
+    ///
+    /// Answers [`Error::UnknownEntity`] if the entity was never registered, unless
+    /// [`EngineBuilder::register_on_first_write`](crate::EngineBuilder::register_on_first_write) is on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    /// use portcullis::typed::encode;
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// let seqs = engine.append(&clicks, vec![encode(&2u64)?, encode(&3u64)?])?;
+    /// assert_eq!(seqs, 1..=2);
+    /// assert_eq!(engine.read(&clicks, |t| *t)?, 5);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn append(&self, entity: &EntityId, records: Vec<Vec<u8>>) -> Result<RangeInclusive<u64>> {
         if records.is_empty() {
             return Err(Error::invalid("append needs at least one record"));
@@ -255,6 +314,35 @@ impl<M: StateMachine> Engine<M> {
     /// already restored, the record is appended at once. Deferred records are checked like any
     /// write first. Like every engine write, the deferred row (or the append) is fenced under
     /// the namespace's grant (SPEC F11).
+    ///
+    /// Answers [`Error::UnknownEntity`] if the entity was never registered, unless
+    /// [`EngineBuilder::register_on_first_write`](crate::EngineBuilder::register_on_first_write) is on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    /// use portcullis::engine::Deferred;
+    /// use portcullis::typed::encode;
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// engine.append_typed(&clicks, &[1])?; // restored now, so a deferral is applied at once
+    /// assert_eq!(engine.defer(&clicks, encode(&4u64)?)?, Deferred::Applied { seq: 2 });
+    /// assert_eq!(engine.read(&clicks, |t| *t)?, 5);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn defer(&self, entity: &EntityId, record: Vec<u8>) -> Result<Deferred> {
         let _open = self.enter()?;
         self.inner.owners.serving(entity.namespace())?;
@@ -269,6 +357,37 @@ impl<M: StateMachine> Engine<M> {
     /// [`Deferred::AlreadyAccepted`]: the caller learns the record is durable. Markers are kept
     /// (one small row per id); choose ids the application can bound (request ids, say).
     /// `id` is 1 to 256 bytes.
+    ///
+    /// Answers [`Error::UnknownEntity`] if the entity was never registered, unless
+    /// [`EngineBuilder::register_on_first_write`](crate::EngineBuilder::register_on_first_write) is on.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    /// use portcullis::engine::Deferred;
+    /// use portcullis::typed::encode;
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// let first = engine.defer_once(&clicks, b"request-17", encode(&4u64)?)?;
+    /// assert!(matches!(first, Deferred::Applied { .. } | Deferred::Queued));
+    /// // A retry of the same request writes nothing.
+    /// assert_eq!(engine.defer_once(&clicks, b"request-17", encode(&4u64)?)?, Deferred::AlreadyAccepted);
+    /// assert_eq!(engine.read(&clicks, |t| *t)?, 4);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn defer_once(&self, entity: &EntityId, id: &[u8], record: Vec<u8>) -> Result<Deferred> {
         if id.is_empty() || id.len() > 256 {
             return Err(Error::invalid("a deferral id must be 1 to 256 bytes"));

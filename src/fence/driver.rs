@@ -102,6 +102,31 @@ pub struct RevocationHandle {
 impl RevocationHandle {
     /// Waits up to `timeout` for the driver to end. `None` if it is still running. The
     /// result is given once; later calls answer `InvalidArgument`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let handle = fence.revoke_in_background(&ns, Default::default());
+    /// match handle.wait(Duration::from_secs(10)) {
+    ///     Some(Ok(report)) => assert!(report.complete),
+    ///     Some(Err(e)) => return Err(e),
+    ///     None => handle.cancel(), // still running: give up on it
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn wait(&self, timeout: Duration) -> Option<Result<DriverReport>> {
         let mut taken = self.taken.lock();
         if *taken {
@@ -124,6 +149,30 @@ impl RevocationHandle {
     }
 
     /// Asks the driver to stop after its current slice; it then reports `complete: false`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// fence.mark_lease_table_recovered(&ns)?; // revocation must now wait out a lease
+    /// let handle = fence.revoke_in_background(&ns, Default::default());
+    /// handle.cancel();
+    /// let report = handle.wait(Duration::from_secs(10)).expect("stopped")?;
+    /// assert!(!report.complete);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn cancel(&self) {
         let _ = self.cancel.try_send(());
     }
@@ -148,6 +197,26 @@ struct Running {
 impl Fence {
     /// Runs background drivers on `pool` instead of rayon's global pool. The engine passes its
     /// own pool, so that its drivers never compete with unrelated work and stop with it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a thread pool");
+    /// fence.set_pool(Arc::new(pool)); // background revocations run here from now on
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn set_pool(&self, pool: Arc<rayon::ThreadPool>) {
         *self.inner.drivers.pool.write() = Some(pool);
     }
@@ -155,6 +224,28 @@ impl Fence {
     /// Cancels every running background driver and waits until they have all ended or
     /// `deadline` passed; returns whether they all ended. Drivers started afterwards end at
     /// once with [`Error::Closed`] (SPEC R11: closing stops every driver).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::{Duration, Instant};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _driver = fence.revoke_in_background(&ns, Default::default());
+    /// // Shutting down: stop every background revocation, waiting at most a second.
+    /// assert!(fence.stop_drivers(Instant::now() + Duration::from_secs(1)));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stop_drivers(&self, deadline: Instant) -> bool {
         let drivers = &self.inner.drivers;
         let mut running = drivers.running.lock();
@@ -193,16 +284,27 @@ impl Fence {
 
     /// Starts a background revocation of the namespace on the fence's pool (SPEC F9).
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use std::{sync::Arc, time::Duration};
-    /// # use portcullis::{ManualClock, Namespace, store::MemoryStore, fence::*};
-    /// # let clock = Arc::new(ManualClock::new(0));
-    /// # let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock, FenceConfig::default());
-    /// let ns = Namespace::new("ns").unwrap();
-    /// fence.bump_epoch(&ns, 1).unwrap();
-    /// let handle = fence.revoke_in_background(&ns, DriverLimits::default());
-    /// let report = handle.wait(Duration::from_secs(10)).unwrap().unwrap();
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// fence.bump_epoch(&ns, 1)?;
+    /// let handle = fence.revoke_in_background(&ns, Default::default());
+    /// let report = handle.wait(Duration::from_secs(10)).expect("finished in time")?;
     /// assert!(report.complete);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn revoke_in_background(&self, ns: &Namespace, limits: DriverLimits) -> RevocationHandle {
         let (done_tx, done_rx) = channel::bounded(1);

@@ -14,13 +14,25 @@ const MAX_BUMP_ATTEMPTS: usize = 8;
 impl Fence {
     /// The namespace's current epoch (0 until the first bump). One store read.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use std::sync::Arc;
-    /// # use portcullis::{ManualClock, Namespace, store::MemoryStore, fence::{Fence, FenceConfig}};
-    /// # let clock = Arc::new(ManualClock::new(0));
-    /// # let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock, FenceConfig::default());
-    /// let ns = Namespace::new("ns").unwrap();
-    /// assert_eq!(fence.current_epoch(&ns).unwrap(), 0);
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// assert_eq!(fence.current_epoch(&ns)?, 0);
+    /// fence.bump_epoch(&ns, 3)?;
+    /// assert_eq!(fence.current_epoch(&ns)?, 3);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn current_epoch(&self, ns: &Namespace) -> Result<u64> {
         let raw = self
@@ -38,15 +50,27 @@ impl Fence {
     /// namespace declared unfenced ([`Fence::declare_unfenced`]) has no epoch to bump:
     /// `InvalidArgument`.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use std::sync::Arc;
-    /// # use portcullis::{ManualClock, Namespace, store::MemoryStore, fence::{Fence, FenceConfig}};
-    /// # let clock = Arc::new(ManualClock::new(0));
-    /// # let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock, FenceConfig::default());
-    /// let ns = Namespace::new("ns").unwrap();
-    /// fence.bump_epoch(&ns, 3).unwrap();
-    /// assert!(fence.bump_epoch(&ns, 3).is_err()); // a step of 0
-    /// assert!(fence.bump_epoch(&ns, 3 + 1025).is_err()); // a step above 1,024
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// // Take the namespace over: bump, then revoke until no older write can commit.
+    /// fence.bump_epoch(&ns, 1)?;
+    /// while fence.revoke_step(&ns, RevokeBudget::default())? != RevokeProgress::Complete {}
+    /// assert!(fence.write(&job, 0, Batch::new()).is_err()); // epoch 0 is fenced out
+    /// assert!(fence.write(&job, 1, Batch::new()).is_ok());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn bump_epoch(&self, ns: &Namespace, new: u64) -> Result<()> {
         let coordinator = ns.coordinator_partition();
@@ -100,6 +124,26 @@ impl Fence {
 
     /// Advances the epoch by `step` (1 to 1,024) from whatever it is now; answers the new
     /// epoch. `InvalidArgument` if the step is out of range or the epoch would overflow.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// assert_eq!(fence.advance_epoch(&ns, 1)?, 1);
+    /// assert_eq!(fence.advance_epoch(&ns, 5)?, 6);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn advance_epoch(&self, ns: &Namespace, step: u64) -> Result<u64> {
         if step == 0 || step > MAX_EPOCH_STEP {
             return Err(Error::invalid(format!(
@@ -118,16 +162,27 @@ impl Fence {
     /// `resumed_at_ms = now`, so revocation cannot complete before
     /// `now + epoch_lease_ms + lease_margin_ms`. Call it before serving writes.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use std::sync::Arc;
-    /// # use portcullis::{ManualClock, Namespace, store::MemoryStore, fence::*};
-    /// # let clock = Arc::new(ManualClock::new(100_000));
-    /// # let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock.clone(), FenceConfig::default());
-    /// let ns = Namespace::new("ns").unwrap();
-    /// fence.mark_lease_table_recovered(&ns).unwrap();
-    /// assert!(matches!(fence.revoke_step(&ns, RevokeBudget::default()).unwrap(), RevokeProgress::Pending { .. }));
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// fence.mark_lease_table_recovered(&ns)?;
+    /// // Revocation waits out a whole lease (and its margin) after the recovery.
+    /// assert!(matches!(fence.revoke_step(&ns, RevokeBudget::default())?, RevokeProgress::Pending { .. }));
     /// clock.advance(35_000);
-    /// assert_eq!(fence.revoke_step(&ns, RevokeBudget::default()).unwrap(), RevokeProgress::Complete);
+    /// assert_eq!(fence.revoke_step(&ns, RevokeBudget::default())?, RevokeProgress::Complete);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn mark_lease_table_recovered(&self, ns: &Namespace) -> Result<()> {
         let now = self.now();

@@ -129,6 +129,26 @@ impl std::fmt::Debug for Inner {
 
 impl Fence {
     /// An epoch fence (SPEC F1-F9) over `store`, reading time from the planner's `clock`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let outcome = fence.write(&job, 0, Batch::new().put("state", "queued"))?;
+    /// assert_eq!(outcome, WriteOutcome::Committed { epochs: vec![0] });
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(store: Arc<dyn Store>, clock: SharedClock, config: FenceConfig) -> Fence {
         Fence::with_kind(store, clock, config, FenceKind::Epoch)
     }
@@ -136,17 +156,28 @@ impl Fence {
     /// A fence of the given kind; [`FenceKind::Authority`] is the second fence of SPEC F10,
     /// with its own rows, sharing this machinery.
     ///
+    /// # Examples
+    ///
     /// ```
     /// use std::sync::Arc;
-    /// use portcullis::{ManualClock, Namespace, store::MemoryStore};
-    /// use portcullis::fence::{Fence, FenceConfig, FenceKind};
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use portcullis::fence::{FenceGrant, FenceKind, write_under};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
     /// let clock = Arc::new(ManualClock::new(0));
     /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
-    /// let epochs = Fence::new(store.clone(), clock.clone(), FenceConfig::default());
-    /// let authority = Fence::with_kind(store, clock, FenceConfig::default(), FenceKind::Authority);
-    /// let ns = Namespace::new("ns").unwrap();
-    /// authority.bump_epoch(&ns, 1).unwrap();
-    /// assert_eq!((epochs.current_epoch(&ns).unwrap(), authority.current_epoch(&ns).unwrap()), (0, 1));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// // A second fence on the same store, for an authority that grants its own generations.
+    /// let authority = Fence::with_kind(fence.store().clone(), clock, FenceConfig::default(), FenceKind::Authority);
+    /// let grants = [FenceGrant { fence: &fence, grant: 0 }, FenceGrant { fence: &authority, grant: 0 }];
+    /// let outcome = write_under(&grants, &job, |_| Some(Batch::new().put("state", "queued")))?;
+    /// assert!(matches!(outcome, WriteOutcome::Committed { .. }));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn with_kind(
         store: Arc<dyn Store>,
@@ -188,16 +219,75 @@ impl Fence {
     }
 
     /// Which fence this is.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// assert_eq!(fence.kind(), portcullis::fence::FenceKind::Epoch);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn kind(&self) -> FenceKind {
         self.inner.kind
     }
 
     /// The parameters.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// assert_eq!(fence.config(), FenceConfig::default());
+    /// println!("leases last {} ms", fence.config().epoch_lease_ms());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn config(&self) -> FenceConfig {
         self.inner.config
     }
 
     /// Counters of store calls and protocol steps since the fence was created.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new().put("state", "queued"))?;
+    /// assert!(fence.stats().store_calls > 0);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stats(&self) -> FenceStats {
         self.inner.counters.snapshot()
     }
@@ -222,6 +312,27 @@ impl Fence {
     }
 
     /// The store this fence writes to (uncounted).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use portcullis::store::Store;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new().put("state", "queued"))?;
+    /// assert_eq!(fence.store().get(&job.partition(), b"state")?, Some(b"queued".to_vec()));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.raw_store
     }

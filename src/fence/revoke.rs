@@ -142,15 +142,29 @@ impl Fence {
     /// Resumes from the checkpoint when it was written for the same epoch and recovery marker.
     /// Bounded by pages, pushes and time, so a frozen clock cannot hang it (F8).
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use std::sync::Arc;
-    /// # use portcullis::{ManualClock, Namespace, store::MemoryStore, fence::*};
-    /// # let clock = Arc::new(ManualClock::new(0));
-    /// # let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock, FenceConfig::default());
-    /// let ns = Namespace::new("ns").unwrap();
-    /// fence.bump_epoch(&ns, 1).unwrap();
-    /// // No leases anywhere: complete at once.
-    /// assert_eq!(fence.revoke_step(&ns, RevokeBudget::default()).unwrap(), RevokeProgress::Complete);
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new().put("state", "queued"))?; // leases job-1 at epoch 0
+    /// fence.bump_epoch(&ns, 1)?;
+    /// let mut slices = 0;
+    /// while fence.revoke_step(&ns, RevokeBudget::default().with_max_pages(4))? != RevokeProgress::Complete {
+    ///     slices += 1; // each slice is bounded; run the next when convenient
+    /// }
+    /// assert!(slices < 10);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn revoke_step(&self, ns: &Namespace, budget: RevokeBudget) -> Result<RevokeProgress> {
         Counters::bump(&self.inner.counters.slices);

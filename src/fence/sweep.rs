@@ -162,15 +162,25 @@ impl Fence {
     /// Scans up to 8 pages of leased-shard rows and deletes the expired ones, each guarded on
     /// the row as read (SPEC F9). Bounded by pages (F8).
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use std::sync::Arc;
-    /// # use portcullis::{EntityId, ManualClock, store::{Batch, MemoryStore}, fence::*};
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
     /// let clock = Arc::new(ManualClock::new(0));
-    /// let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock.clone(), FenceConfig::default());
-    /// let e = EntityId::new("ns", "e").unwrap();
-    /// fence.write(&e, 0, Batch::new()).unwrap();
-    /// clock.advance(30_000);
-    /// assert_eq!(fence.sweep_step(e.namespace()).unwrap().deleted, 1);
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new())?; // leaves a leased-shard row
+    /// clock.advance(30_000); // the lease expires
+    /// assert_eq!(fence.sweep_step(&ns)?.deleted, 1);
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn sweep_step(&self, ns: &Namespace) -> Result<SweepReport> {
         self.sweep_pages(ns, None, PAGE_ROWS, MAX_PAGES, &|| false)

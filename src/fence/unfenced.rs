@@ -40,18 +40,26 @@ impl Fence {
     /// permanent (see the module docs). Leases taken before it stay until they expire, and
     /// their rows are swept like any expired row.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use std::sync::Arc;
-    /// # use portcullis::{EntityId, ManualClock, Namespace, store::{Batch, MemoryStore}, fence::*};
-    /// # let clock = Arc::new(ManualClock::new(0));
-    /// # let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock, FenceConfig::default());
-    /// let ns = Namespace::new("local").unwrap();
-    /// fence.declare_unfenced(&ns).unwrap();
-    /// assert!(fence.is_unfenced(&ns).unwrap());
-    /// let e = EntityId::in_namespace(ns.clone(), "e1").unwrap();
-    /// let outcome = fence.write(&e, 0, Batch::new().put(b"k".to_vec(), b"v".to_vec())).unwrap();
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// fence.declare_unfenced(&ns)?;
+    /// let outcome = fence.write(&job, 0, Batch::new().put("state", "queued"))?; // no lease taken
     /// assert_eq!(outcome, WriteOutcome::Committed { epochs: vec![0] });
-    /// assert!(fence.bump_epoch(&ns, 1).is_err());
+    /// assert!(fence.bump_epoch(&ns, 1).is_err()); // never taken over
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn declare_unfenced(&self, ns: &Namespace) -> Result<()> {
         let coordinator = ns.coordinator_partition();
@@ -96,6 +104,27 @@ impl Fence {
 
     /// Whether `ns` was declared unfenced. Answered from memory once this fence has seen the
     /// declaration (it is permanent), else with one store read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// assert!(!fence.is_unfenced(&ns)?);
+    /// fence.declare_unfenced(&ns)?;
+    /// assert!(fence.is_unfenced(&ns)?);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn is_unfenced(&self, ns: &Namespace) -> Result<bool> {
         if self.known_unfenced(ns) {
             return Ok(true);

@@ -289,15 +289,25 @@ impl Fence {
     /// [`WriteOutcome::PreconditionFailed`], [`Error::Fenced`] if the grant is older than the
     /// lease, or [`Error::Unavailable`] after a bounded number of re-plans.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use std::sync::Arc;
-    /// # use portcullis::{EntityId, ManualClock, store::{Batch, MemoryStore}, fence::*};
-    /// # let clock = Arc::new(ManualClock::new(0));
-    /// # let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock, FenceConfig::default());
-    /// let e = EntityId::new("ns", "e1").unwrap();
-    /// let first = Batch::new().absent(b"k".to_vec()).put(b"k".to_vec(), b"v".to_vec());
-    /// assert_eq!(fence.write(&e, 0, first.clone()).unwrap(), WriteOutcome::Committed { epochs: vec![0] });
-    /// assert_eq!(fence.write(&e, 0, first).unwrap(), WriteOutcome::PreconditionFailed { index: 0 });
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let first = Batch::new().absent("state").put("state", "queued");
+    /// assert_eq!(fence.write(&job, 0, first.clone())?, WriteOutcome::Committed { epochs: vec![0] });
+    /// assert_eq!(fence.write(&job, 0, first)?, WriteOutcome::PreconditionFailed { index: 0 });
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn write(&self, entity: &EntityId, grant: u64, batch: Batch) -> Result<WriteOutcome> {
         self.write_with(entity, grant, |_| Some(batch.clone()))
@@ -306,6 +316,30 @@ impl Fence {
     /// Like [`Fence::write`], but `plan` builds the batch on each attempt from what the fence
     /// found (the lease epoch the write will commit under), or declines with `None`, in which
     /// case no lease state is written.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// // Plan the batch from what the fence found; decline to write under a renewal.
+    /// let outcome = fence.write_with(&job, 0, |plan| {
+    ///     let epoch = plan.epochs[0].to_string();
+    ///     Some(Batch::new().put("state", "queued").put("epoch", epoch))
+    /// })?;
+    /// assert_eq!(outcome, WriteOutcome::Committed { epochs: vec![0] });
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn write_with(
         &self,
         entity: &EntityId,

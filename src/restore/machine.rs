@@ -123,6 +123,37 @@ pub trait StateMachine: Send + Sync + 'static {
     type State: Send + 'static;
 
     /// The state of an entity with no history.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, EntityId, Origin, Rejection, StateMachine};
+    ///
+    /// struct Total; // sums records of 8 little-endian bytes
+    /// impl StateMachine for Total {
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, record: &[u8]) -> Result<(), Rejection> {
+    ///         let n: [u8; 8] = record.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
+    ///         *t += u64::from_le_bytes(n);
+    ///         Ok(())
+    ///     }
+    ///     fn encode_checkpoint(&self, t: &u64) -> Vec<u8> { t.to_le_bytes().to_vec() }
+    ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
+    ///         let n: [u8; 8] = bytes.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
+    ///         Ok(u64::from_le_bytes(n))
+    ///     }
+    ///     fn validate(&self, record: &[u8]) -> Result<(), Rejection> {
+    ///         if record.len() == 8 { Ok(()) } else { Err(Rejection::new("not 8 bytes")) }
+    ///     }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let e = EntityId::new("totals", "a")?;
+    /// assert_eq!(Total.fresh(&e), 0);
+    /// # Ok(())
+    /// # }
+    /// ```
     fn fresh(&self, entity: &EntityId) -> Self::State;
 
     /// Folds record `ctx.seq` into `state`, or refuses it. A refusal during restore contains the
@@ -134,6 +165,41 @@ pub trait StateMachine: Send + Sync + 'static {
     /// calling back into the engine for the same entity is refused with
     /// [`Error::WouldDeadlock`](crate::Error::WouldDeadlock); see `docs/restore.md`, "Locking
     /// rules for application code".
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, EntityId, Origin, Rejection, StateMachine};
+    ///
+    /// struct Total; // sums records of 8 little-endian bytes
+    /// impl StateMachine for Total {
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, record: &[u8]) -> Result<(), Rejection> {
+    ///         let n: [u8; 8] = record.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
+    ///         *t += u64::from_le_bytes(n);
+    ///         Ok(())
+    ///     }
+    ///     fn encode_checkpoint(&self, t: &u64) -> Vec<u8> { t.to_le_bytes().to_vec() }
+    ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
+    ///         let n: [u8; 8] = bytes.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
+    ///         Ok(u64::from_le_bytes(n))
+    ///     }
+    ///     fn validate(&self, record: &[u8]) -> Result<(), Rejection> {
+    ///         if record.len() == 8 { Ok(()) } else { Err(Rejection::new("not 8 bytes")) }
+    ///     }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let e = EntityId::new("totals", "a")?;
+    /// let mut t = Total.fresh(&e);
+    /// Total.apply(&mut t, &ApplyContext::new(&e, 1, Origin::Live), &5u64.to_le_bytes()).unwrap();
+    /// assert_eq!(t, 5);
+    /// assert!(Total.apply(&mut t, &ApplyContext::new(&e, 2, Origin::Live), b"x").is_err());
+    /// assert_eq!(t, 5); // a refusal leaves the state unchanged
+    /// # Ok(())
+    /// # }
+    /// ```
     fn apply(
         &self,
         state: &mut Self::State,
@@ -142,14 +208,110 @@ pub trait StateMachine: Send + Sync + 'static {
     ) -> Result<(), Rejection>;
 
     /// Encodes a state for a checkpoint (SPEC L3).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, EntityId, Origin, Rejection, StateMachine};
+    ///
+    /// struct Total; // sums records of 8 little-endian bytes
+    /// impl StateMachine for Total {
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, record: &[u8]) -> Result<(), Rejection> {
+    ///         let n: [u8; 8] = record.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
+    ///         *t += u64::from_le_bytes(n);
+    ///         Ok(())
+    ///     }
+    ///     fn encode_checkpoint(&self, t: &u64) -> Vec<u8> { t.to_le_bytes().to_vec() }
+    ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
+    ///         let n: [u8; 8] = bytes.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
+    ///         Ok(u64::from_le_bytes(n))
+    ///     }
+    ///     fn validate(&self, record: &[u8]) -> Result<(), Rejection> {
+    ///         if record.len() == 8 { Ok(()) } else { Err(Rejection::new("not 8 bytes")) }
+    ///     }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let e = EntityId::new("totals", "a")?;
+    /// assert_eq!(Total.encode_checkpoint(&7), 7u64.to_le_bytes());
+    /// # Ok(())
+    /// # }
+    /// ```
     fn encode_checkpoint(&self, state: &Self::State) -> Vec<u8>;
 
     /// Decodes a checkpoint written by [`encode_checkpoint`](Self::encode_checkpoint).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, EntityId, Origin, Rejection, StateMachine};
+    ///
+    /// struct Total; // sums records of 8 little-endian bytes
+    /// impl StateMachine for Total {
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, record: &[u8]) -> Result<(), Rejection> {
+    ///         let n: [u8; 8] = record.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
+    ///         *t += u64::from_le_bytes(n);
+    ///         Ok(())
+    ///     }
+    ///     fn encode_checkpoint(&self, t: &u64) -> Vec<u8> { t.to_le_bytes().to_vec() }
+    ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
+    ///         let n: [u8; 8] = bytes.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
+    ///         Ok(u64::from_le_bytes(n))
+    ///     }
+    ///     fn validate(&self, record: &[u8]) -> Result<(), Rejection> {
+    ///         if record.len() == 8 { Ok(()) } else { Err(Rejection::new("not 8 bytes")) }
+    ///     }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let e = EntityId::new("totals", "a")?;
+    /// let bytes = Total.encode_checkpoint(&7);
+    /// assert_eq!(Total.decode_checkpoint(&e, &bytes).unwrap(), 7);
+    /// assert!(Total.decode_checkpoint(&e, b"short").is_err()); // refused: the entity is contained
+    /// # Ok(())
+    /// # }
+    /// ```
     fn decode_checkpoint(&self, entity: &EntityId, bytes: &[u8]) -> Result<Self::State, Rejection>;
 
     /// Checks a record before it is accepted (written or deferred), so a record that cannot be
     /// decoded is refused with a clear error and never enters history. The default accepts
     /// everything.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, EntityId, Origin, Rejection, StateMachine};
+    ///
+    /// struct Total; // sums records of 8 little-endian bytes
+    /// impl StateMachine for Total {
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, record: &[u8]) -> Result<(), Rejection> {
+    ///         let n: [u8; 8] = record.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
+    ///         *t += u64::from_le_bytes(n);
+    ///         Ok(())
+    ///     }
+    ///     fn encode_checkpoint(&self, t: &u64) -> Vec<u8> { t.to_le_bytes().to_vec() }
+    ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
+    ///         let n: [u8; 8] = bytes.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
+    ///         Ok(u64::from_le_bytes(n))
+    ///     }
+    ///     fn validate(&self, record: &[u8]) -> Result<(), Rejection> {
+    ///         if record.len() == 8 { Ok(()) } else { Err(Rejection::new("not 8 bytes")) }
+    ///     }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let e = EntityId::new("totals", "a")?;
+    /// assert!(Total.validate(&1u64.to_le_bytes()).is_ok());
+    /// assert!(Total.validate(b"oops").is_err()); // an engine refuses to write it
+    /// # Ok(())
+    /// # }
+    /// ```
     fn validate(&self, record: &[u8]) -> Result<(), Rejection> {
         let _ = record;
         Ok(())
@@ -159,6 +321,38 @@ pub trait StateMachine: Send + Sync + 'static {
     /// records to append (SPEC R3). They are appended durably, in one batch that also records
     /// that this entity was repaired for `unclean`, so the repair runs exactly once per entity
     /// and incarnation, even across another crash. The default repairs nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, EntityId, Origin, Rejection, StateMachine};
+    ///
+    /// struct Total; // sums records of 8 little-endian bytes
+    /// impl StateMachine for Total {
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, record: &[u8]) -> Result<(), Rejection> {
+    ///         let n: [u8; 8] = record.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
+    ///         *t += u64::from_le_bytes(n);
+    ///         Ok(())
+    ///     }
+    ///     fn encode_checkpoint(&self, t: &u64) -> Vec<u8> { t.to_le_bytes().to_vec() }
+    ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
+    ///         let n: [u8; 8] = bytes.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
+    ///         Ok(u64::from_le_bytes(n))
+    ///     }
+    ///     fn validate(&self, record: &[u8]) -> Result<(), Rejection> {
+    ///         if record.len() == 8 { Ok(()) } else { Err(Rejection::new("not 8 bytes")) }
+    ///     }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let e = EntityId::new("totals", "a")?;
+    /// // Total keeps the default: nothing to repair after an unclean shutdown.
+    /// assert!(Total.repair(&e, &0, 1).unwrap().is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
     fn repair(
         &self,
         entity: &EntityId,

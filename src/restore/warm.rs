@@ -76,11 +76,60 @@ impl std::fmt::Debug for Warm {
 
 impl Warm {
     /// Where the warm stands.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// let warm = engine.warm()?;
+    /// let progress = warm.progress(); // a snapshot; the warm runs on
+    /// assert!(progress.done <= progress.total);
+    /// warm.wait()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn progress(&self) -> WarmProgress {
         progress_of(&self.shared)
     }
 
     /// Whether every worker has ended.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// let warm = engine.warm()?;
+    /// warm.wait()?;
+    /// assert!(warm.is_finished());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn is_finished(&self) -> bool {
         self.shared.finished.lock().is_some()
     }
@@ -96,28 +145,28 @@ impl Warm {
     /// entity the closure holds), so it is refused with [`Error::WouldDeadlock`] and waits for
     /// nothing (SPEC R11). Wait from outside the engine's calls instead.
     ///
-    /// # Example
+    /// # Examples
     ///
     /// ```
-    /// # use portcullis::{ApplyContext, Engine, EntityId, Rejection, StateMachine};
-    /// # use portcullis::store::MemoryStore;
-    /// # use std::sync::Arc;
-    /// # struct Count;
-    /// # impl StateMachine for Count {
-    /// #     type State = u64;
-    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: &ApplyContext<'_>, _: &[u8]) -> Result<(), Rejection> { *s += 1; Ok(()) }
-    /// #     fn encode_checkpoint(&self, s: &u64) -> Vec<u8> { s.to_le_bytes().to_vec() }
-    /// #     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<u64, Rejection> {
-    /// #         b.try_into().map(u64::from_le_bytes).map_err(|_| Rejection::new("bad checkpoint"))
-    /// #     }
-    /// # }
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
     /// # fn main() -> portcullis::Result<()> {
-    /// let engine = Engine::builder(Count).store(Arc::new(MemoryStore::new())).open()?;
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// engine.append_typed(&clicks, &[1])?;
     /// let progress = engine.warm()?.wait()?;
     /// assert!(progress.finished);
     /// assert_eq!(progress.refused, 0);
-    /// # engine.close()
+    /// # Ok(())
     /// # }
     /// ```
     pub fn wait(&self) -> crate::error::Result<WarmProgress> {
@@ -138,6 +187,32 @@ impl Warm {
     /// Blocks until the warm has finished or `timeout` passed; returns whether it finished.
     /// Unlike [`wait`](Self::wait) it is bounded, so it is allowed anywhere; from inside a
     /// restore unit the warm runs, it can only time out.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// let warm = engine.warm()?;
+    /// if !warm.wait_timeout(std::time::Duration::from_secs(10)) {
+    ///     warm.stop(); // not done in time: stop it and drain
+    /// }
+    /// warm.wait()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut finished = self.shared.finished.lock();
@@ -157,6 +232,32 @@ impl Warm {
     /// Stops the warm: no new entity is started, and until the units already running end,
     /// a touch of an entity being restored by another thread answers `Unavailable` at once
     /// (SPEC R6). Returns without waiting; call [`wait`](Self::wait) to drain.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total)).store(store).open()?;
+    /// let clicks = EntityId::new("counters", "clicks")?;
+    /// engine.register(&clicks)?;
+    /// let warm = engine.warm()?;
+    /// warm.stop(); // no new entity starts; the rest restore on first touch
+    /// let progress = warm.wait()?;
+    /// assert!(progress.finished);
+    /// assert_eq!(engine.read(&clicks, |t| *t)?, 0);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stop(&self) {
         let finished = self.shared.finished.lock();
         if finished.is_some() || self.shared.stop.swap(true, Ordering::AcqRel) {

@@ -44,11 +44,43 @@ impl Default for MemoryStore {
 
 impl MemoryStore {
     /// An empty store on the system clock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// store.apply(&p, &Batch::new().put("alice", "10"))?;
+    /// assert_eq!(store.get(&p, b"alice")?, Some(b"10".to_vec()));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new() -> Self {
         Self::with_clock(Arc::new(SystemClock))
     }
 
     /// An empty store whose `NotAfter` preconditions read `clock`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::ManualClock;
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(1_000));
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let p = Partition::new("accounts")?;
+    /// let late = Batch::new().not_after(1_500).put("alice", "0");
+    /// clock.advance(1_000); // the store's clock now reads 2,000
+    /// assert!(!store.apply(&p, &late)?.is_committed()); // the deadline passed
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn with_clock(clock: SharedClock) -> Self {
         MemoryStore {
             partitions: RwLock::new(HashMap::new()),
@@ -62,6 +94,8 @@ impl MemoryStore {
 
     /// This store with other limits (SPEC S11), e.g. a distributed backend's, so code that
     /// must respect them can be tested in memory.
+    ///
+    /// # Examples
     ///
     /// ```
     /// use portcullis::{Error, store::{Batch, MemoryStore, Partition, Store, StoreLimits}};
@@ -79,6 +113,8 @@ impl MemoryStore {
     /// [`Store::evaluates_deadlines`] and refuses every batch that carries a `NotAfter`, as
     /// the etcd backend does, so code that must cope with such a backend can be tested in
     /// memory.
+    ///
+    /// # Examples
     ///
     /// ```
     /// use portcullis::{Error, store::{Batch, MemoryStore, Partition, Store}};

@@ -63,6 +63,21 @@ use crate::error::Result;
 /// ```
 pub trait Store: Send + Sync {
     /// The value of `key` in partition `p`, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// store.apply(&p, &Batch::new().put("alice", "10"))?;
+    /// assert_eq!(store.get(&p, b"alice")?, Some(b"10".to_vec()));
+    /// assert_eq!(store.get(&p, b"bob")?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
     fn get(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>>;
 
     /// The value of `key` as the next batch on `p` will see it: like [`Store::get`], but it
@@ -76,6 +91,8 @@ pub trait Store: Send + Sync {
     /// syncs instead of each waiting for the previous winner's.
     ///
     /// The default answers like `get`; backends with a commit pipeline override it.
+    ///
+    /// # Examples
     ///
     /// ```
     /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
@@ -100,12 +117,46 @@ pub trait Store: Send + Sync {
     }
 
     /// One answer per key, in the order asked, all read from one consistent view.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// store.apply(&p, &Batch::new().put("alice", "10").put("bob", "5"))?;
+    /// let values = store.get_many(&p, &[b"bob", b"carol", b"alice"])?;
+    /// assert_eq!(values, [Some(b"5".to_vec()), None, Some(b"10".to_vec())]);
+    /// # Ok(())
+    /// # }
+    /// ```
     fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>>;
 
     /// At most `limit` entries of `range` in key order, starting strictly after `cursor`.
     ///
     /// Each page is consistent on its own. The returned cursor resumes strictly after the last
     /// key returned; it is `None` once the range is exhausted. `limit` must be at least 1.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    /// use portcullis::store::KeyRange;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// store.apply(&p, &Batch::new().put("a", "1").put("b", "2").put("c", "3"))?;
+    /// let first = store.scan(&p, &KeyRange::all(), None, 2)?;
+    /// assert_eq!(first.entries.len(), 2);
+    /// let rest = store.scan(&p, &KeyRange::all(), first.next.as_ref(), 2)?;
+    /// assert_eq!(rest.entries, [(b"c".to_vec(), b"3".to_vec())]);
+    /// assert!(rest.next.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
     fn scan(
         &self,
         p: &Partition,
@@ -117,6 +168,8 @@ pub trait Store: Send + Sync {
     /// Every entry of `range` in key order, as an iterator that reads [`Store::scan`] pages of
     /// [`ENTRIES_PAGE`] entries as it goes (see [`Entries`]). On a `dyn Store`, use
     /// [`Entries::new`].
+    ///
+    /// # Examples
     ///
     /// ```
     /// use portcullis::store::{Batch, KeyRange, MemoryStore, Partition, Store};
@@ -139,19 +192,80 @@ pub trait Store: Send + Sync {
     ///
     /// A failed precondition or passed deadline changes nothing. Under a syncing policy,
     /// `Committed` means durable (SPEC S3).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    /// use portcullis::store::Outcome;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// let open = Batch::new().absent("alice").put("alice", "10");
+    /// assert_eq!(store.apply(&p, &open)?, Outcome::Committed);
+    /// assert_eq!(store.apply(&p, &open)?, Outcome::PreconditionFailed { index: 0 });
+    /// # Ok(())
+    /// # }
+    /// ```
     fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome>;
 
     /// The partitions whose name starts with `prefix`, in name order. Reads no partition's rows.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// store.apply(&p, &Batch::new().put("alice", "10"))?;
+    /// store.apply(&Partition::new("audit")?, &Batch::new().put("1", "opened"))?;
+    /// assert_eq!(store.list_partitions(b"acc")?, [p]);
+    /// # Ok(())
+    /// # }
+    /// ```
     fn list_partitions(&self, prefix: &[u8]) -> Result<Vec<Partition>>;
 
     /// Whether partition `p` exists: a batch of it has committed. Reads no rows.
     ///
     /// The default lists partitions; backends answer it from their table in constant time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// assert!(!store.contains_partition(&p)?);
+    /// store.apply(&p, &Batch::new().put("alice", "10"))?;
+    /// assert!(store.contains_partition(&p)?);
+    /// # Ok(())
+    /// # }
+    /// ```
     fn contains_partition(&self, p: &Partition) -> Result<bool> {
         Ok(self.list_partitions(p.as_bytes())?.first() == Some(p))
     }
 
     /// The store's clock, which `NotAfter` preconditions are checked against.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// // A deadline a second from now on the store's own clock.
+    /// let batch = Batch::new().not_after(store.now_ms() + 1_000).put("alice", "10");
+    /// assert!(store.apply(&p, &batch)?.is_committed());
+    /// # Ok(())
+    /// # }
+    /// ```
     fn now_ms(&self) -> u64;
 
     /// How much one batch may carry on this backend (SPEC S11). A batch over any limit is
@@ -160,6 +274,21 @@ pub trait Store: Send + Sync {
     ///
     /// The default is [`StoreLimits::DEFAULT`] (SPEC S1's limits, no count limit). A backend
     /// with tighter limits overrides it, and a store that wraps another forwards it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// let limits = store.limits();
+    /// assert_eq!(limits.max_key_bytes, portcullis::store::MAX_KEY_BYTES);
+    /// assert!(Batch::new().put("alice", "10").validate_within(&limits).is_ok());
+    /// # Ok(())
+    /// # }
+    /// ```
     fn limits(&self) -> StoreLimits {
         StoreLimits::DEFAULT
     }
@@ -173,15 +302,58 @@ pub trait Store: Send + Sync {
     /// fencing then keeps F7 without server-side deadlines. A store that wraps another must
     /// forward this answer: a wrapper around a deadline-less backend that answers `true` would
     /// let fencing rely on a check that never happens.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// if store.evaluates_deadlines() {
+    ///     store.apply(&p, &Batch::new().not_after(store.now_ms() + 1_000).put("alice", "10"))?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     fn evaluates_deadlines(&self) -> bool {
         true
     }
 
     /// Counters for batching, syncs and laziness.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// store.apply(&p, &Batch::new().put("alice", "10"))?;
+    /// assert_eq!(store.stats().batches, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     fn stats(&self) -> StoreStats;
 
     /// Flushes what a clean shutdown records and releases the store; later calls answer
     /// [`Error::Closed`](crate::Error::Closed). Closing twice is harmless.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// store.close()?;
+    /// assert!(store.get(&p, b"alice").is_err()); // Closed
+    /// # Ok(())
+    /// # }
+    /// ```
     fn close(&self) -> Result<()>;
 }
 

@@ -324,68 +324,225 @@ pub struct Batch {
 
 impl Batch {
     /// An empty batch.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::Batch;
+    /// let batch = Batch::new();
+    /// assert!(batch.guards().is_empty() && batch.ops().is_empty());
+    /// ```
     pub fn new() -> Self {
         Batch::default()
     }
 
     /// Adds a precondition.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, Precondition};
+    /// let batch = Batch::new().guard(Precondition::Absent(b"k".to_vec()));
+    /// assert_eq!(batch.guards(), [Precondition::Absent(b"k".to_vec())]);
+    /// ```
     pub fn guard(mut self, precondition: Precondition) -> Self {
         self.guards.push(precondition);
         self
     }
 
     /// Requires `key` to hold exactly `value`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// store.apply(&p, &Batch::new().put("alice", "10"))?;
+    /// // Compare-and-set: only if alice still holds 10.
+    /// let cas = Batch::new().equals("alice", "10").put("alice", "15");
+    /// assert!(store.apply(&p, &cas)?.is_committed());
+    /// assert!(!store.apply(&p, &cas)?.is_committed()); // alice holds 15 now
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn equals(self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
         self.guard(Precondition::Equals(key.into(), value.into()))
     }
 
     /// Requires `key` to be absent.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// let create = Batch::new().absent("alice").put("alice", "0");
+    /// assert!(store.apply(&p, &create)?.is_committed());
+    /// assert!(!store.apply(&p, &create)?.is_committed()); // created only once
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn absent(self, key: impl Into<Vec<u8>>) -> Self {
         self.guard(Precondition::Absent(key.into()))
     }
 
     /// Requires `key` to be present.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// let touch = Batch::new().present("alice").put("alice/seen", "yes");
+    /// assert!(!store.apply(&p, &touch)?.is_committed()); // no alice yet
+    /// store.apply(&p, &Batch::new().put("alice", "0"))?;
+    /// assert!(store.apply(&p, &touch)?.is_committed());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn present(self, key: impl Into<Vec<u8>>) -> Self {
         self.guard(Precondition::Present(key.into()))
     }
 
     /// Requires the store's clock to read at most `deadline_ms` at commit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// let deadline = store.now_ms() + 1_000;
+    /// let batch = Batch::new().not_after(deadline).put("alice", "0");
+    /// assert!(store.apply(&p, &batch)?.is_committed()); // committed within the second
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn not_after(self, deadline_ms: u64) -> Self {
         self.guard(Precondition::NotAfter(deadline_ms))
     }
 
     /// Adds an operation.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, Op};
+    /// let batch = Batch::new().op(Op::Put(b"k".to_vec(), b"v".to_vec()));
+    /// assert_eq!(batch.ops().len(), 1);
+    /// ```
     pub fn op(mut self, op: Op) -> Self {
         self.ops.push(op);
         self
     }
 
     /// Sets `key` to `value`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// store.apply(&p, &Batch::new().put("alice", "10").put("bob", "5"))?;
+    /// assert_eq!(store.get(&p, b"bob")?, Some(b"5".to_vec()));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn put(self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
         self.op(Op::Put(key.into(), value.into()))
     }
 
     /// Removes `key`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// store.apply(&p, &Batch::new().put("alice", "10"))?;
+    /// store.apply(&p, &Batch::new().delete("alice"))?;
+    /// assert_eq!(store.get(&p, b"alice")?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn delete(self, key: impl Into<Vec<u8>>) -> Self {
         self.op(Op::Delete(key.into()))
     }
 
     /// Removes every key in `range`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MemoryStore, Partition, Store};
+    /// use portcullis::store::KeyRange;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = MemoryStore::new();
+    /// let p = Partition::new("accounts")?;
+    /// store.apply(&p, &Batch::new().put("tmp/1", "a").put("tmp/2", "b").put("keep", "c"))?;
+    /// store.apply(&p, &Batch::new().delete_range(KeyRange::prefix(b"tmp/")))?;
+    /// assert_eq!(store.entries(&p, KeyRange::all()).count(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn delete_range(self, range: KeyRange) -> Self {
         self.op(Op::DeleteRange(range))
     }
 
     /// The preconditions, in order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, Precondition};
+    /// let batch = Batch::new().absent("k").put("k", "v");
+    /// assert!(matches!(batch.guards(), [Precondition::Absent(_)]));
+    /// ```
     pub fn guards(&self) -> &[Precondition] {
         &self.guards
     }
 
     /// The operations, in order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, Op};
+    /// let batch = Batch::new().put("k", "v").delete("old");
+    /// assert!(matches!(batch.ops(), [Op::Put(..), Op::Delete(_)]));
+    /// ```
     pub fn ops(&self) -> &[Op] {
         &self.ops
     }
 
     /// Appends another batch's preconditions and operations to this one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::Batch;
+    /// let mut batch = Batch::new().absent("k").put("k", "v");
+    /// batch.extend(Batch::new().put("count", "1"));
+    /// assert_eq!((batch.guards().len(), batch.ops().len()), (1, 2));
+    /// ```
     pub fn extend(&mut self, other: Batch) {
         self.guards.extend(other.guards);
         self.ops.extend(other.ops);
@@ -395,6 +552,16 @@ impl Batch {
     ///
     /// The same as [`Batch::validate_within`] with [`StoreLimits::DEFAULT`]; a backend checks
     /// its own limits, which may be tighter (SPEC S11).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, MAX_KEY_BYTES};
+    /// assert_eq!(Batch::new().put("k", "v").validate()?, 2); // bytes of keys and values
+    /// let too_long = vec![b'k'; MAX_KEY_BYTES + 1];
+    /// assert!(Batch::new().put(too_long, "v").validate().is_err());
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
     pub fn validate(&self) -> Result<usize> {
         self.validate_within(&StoreLimits::DEFAULT)
     }
@@ -406,6 +573,8 @@ impl Batch {
     ///
     /// Every backend calls this with its [`Store::limits`](super::Store::limits) before
     /// touching anything, so an oversize or malformed batch changes nothing.
+    ///
+    /// # Examples
     ///
     /// ```
     /// use portcullis::{Error, store::{Batch, StoreLimits}};

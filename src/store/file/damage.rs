@@ -315,6 +315,23 @@ impl FileStore {
     /// What the store refuses because of damage (SPEC S4): partitions answered with
     /// `Error::Corrupt`, and damage no partition could be named for. It survives close and
     /// reopen until an operator accepts it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::open(dir.path())?;
+    /// let damage = store.damage();
+    /// assert!(damage.is_empty()); // a healthy store refuses nothing
+    /// for refused in &damage.partitions {
+    ///     println!("refused {:?}: {}", refused.partition, refused.reason);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn damage(&self) -> StoreDamage {
         describe(&self.inner.damage.lock())
     }
@@ -323,6 +340,25 @@ impl FileStore {
     /// partition then serves what its intact history holds, which may be older than what was
     /// acknowledged (that is what the operator accepts). If its history cannot be read at
     /// all, its next load refuses it again. Returns whether `p` was refused.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::open(dir.path())?;
+    /// // An operator who has looked at a refused partition accepts what is left of it.
+    /// for refused in store.damage().partitions {
+    ///     if let Some(p) = refused.partition {
+    ///         store.accept_damage(&p)?;
+    ///     }
+    /// }
+    /// assert!(!store.accept_damage(&Partition::new("accounts")?)?); // it was not refused
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn accept_damage(&self, p: &Partition) -> Result<bool> {
         let inner = &self.inner;
         inner.check_open()?;
@@ -342,6 +378,22 @@ impl FileStore {
     /// Operator call: accepts the damaged ranges no partition could be named for, durably, so
     /// partitions the store does not know are served (as absent) again. Partitions refused by
     /// name stay refused until [`FileStore::accept_damage`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::open(dir.path())?;
+    /// if !store.damage().unattributed.is_empty() {
+    ///     store.accept_unattributed_damage()?; // serve unknown partitions as absent again
+    /// }
+    /// assert!(store.damage().is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn accept_unattributed_damage(&self) -> Result<()> {
         let inner = &self.inner;
         inner.check_open()?;

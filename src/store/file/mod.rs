@@ -225,18 +225,67 @@ impl FileStoreBuilder {
     }
 
     /// The clock `NotAfter` preconditions are checked against (default: the system clock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let clock = std::sync::Arc::new(portcullis::ManualClock::new(1_000));
+    /// let store = FileStore::builder(dir.path())
+    ///     .clock(clock.clone())
+    ///     .open()?;
+    /// let p = Partition::new("accounts")?;
+    /// let late = Batch::new().not_after(1_500).put("alice", "0");
+    /// clock.advance(1_000); // 2,000 now
+    /// assert!(!store.apply(&p, &late)?.is_committed());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn clock(mut self, clock: SharedClock) -> Self {
         self.clock = clock;
         self
     }
 
     /// How commits reach stable storage (default: [`SyncPolicy::SyncEveryCommit`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::builder(dir.path())
+    ///     .sync_policy(portcullis::SyncPolicy::SyncEveryCommit) // the default: lose nothing acknowledged
+    ///     .open()?;
+    /// assert!(store.open_report().created);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn sync_policy(mut self, policy: SyncPolicy) -> Self {
         self.sync_policy = policy;
         self
     }
 
     /// Size at which the journal moves to a new segment file (default 32 MiB, at least 4 KiB).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::builder(dir.path())
+    ///     .segment_bytes(8 << 20) // 8 MiB segments
+    ///     .open()?;
+    /// assert!(store.open_report().created);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn segment_bytes(mut self, bytes: u64) -> Self {
         self.segment_bytes = bytes.max(4096);
         self
@@ -244,6 +293,21 @@ impl FileStoreBuilder {
 
     /// Journal bytes between heads snapshots; bounds what open must scan after a crash
     /// (default 32 MiB).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::builder(dir.path())
+    ///     .snapshot_every_bytes(4 << 20) // open scans at most about 4 MiB after a crash
+    ///     .open()?;
+    /// assert!(store.open_report().created);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn snapshot_every_bytes(mut self, bytes: u64) -> Self {
         self.snapshot_every_bytes = bytes.max(4096);
         self
@@ -251,6 +315,21 @@ impl FileStoreBuilder {
 
     /// Records in a partition's chain before a base record bounds the next load (default 64;
     /// larger partitions wait for one eighth of their key count).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::builder(dir.path())
+    ///     .base_every_records(16)
+    ///     .open()?;
+    /// assert!(store.open_report().created);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn base_every_records(mut self, records: u32) -> Self {
         self.base_every_records = records.max(2);
         self
@@ -258,6 +337,21 @@ impl FileStoreBuilder {
 
     /// Whether compaction starts by itself on the rayon pool when garbage outweighs live data
     /// (default true).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::builder(dir.path())
+    ///     .auto_compact(false) // compact only when asked, with FileStore::compact
+    ///     .open()?;
+    /// assert!(store.open_report().created);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn auto_compact(mut self, on: bool) -> Self {
         self.auto_compact = on;
         self
@@ -266,6 +360,21 @@ impl FileStoreBuilder {
     /// Journal segment files kept open at once (default 128, at least 4). Others are opened
     /// when read and closed again, so a journal of any number of segments needs a bounded
     /// number of file descriptors.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::builder(dir.path())
+    ///     .max_open_segments(32)
+    ///     .open()?;
+    /// assert!(store.open_report().created);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn max_open_segments(mut self, files: usize) -> Self {
         self.max_open_segments = files.max(4);
         self
@@ -310,6 +419,21 @@ impl FileStoreBuilder {
     }
 
     /// Opens (creating if needed) the store.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::builder(dir.path())
+    ///     .sync_policy(portcullis::SyncPolicy::SyncEveryCommit)
+    ///     .open()?;
+    /// assert!(store.open_report().created);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn open(self) -> Result<FileStore> {
         FileStore::open_with(self)
     }
@@ -408,11 +532,44 @@ impl std::fmt::Debug for FileStore {
 
 impl FileStore {
     /// Opens the store in `dir` with the default configuration, creating it if needed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::open(dir.path())?;
+    /// let p = Partition::new("accounts")?;
+    /// store.apply(&p, &Batch::new().put("alice", "10"))?;
+    /// store.close()?;
+    /// let store = FileStore::open(dir.path())?; // reopen: the batch is there
+    /// assert_eq!(store.get(&p, b"alice")?, Some(b"10".to_vec()));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn open(dir: impl AsRef<Path>) -> Result<FileStore> {
         Self::builder(dir).open()
     }
 
     /// A configuration for the store in `dir`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    /// use portcullis::SyncPolicy;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::builder(dir.path())
+    ///     .sync_policy(SyncPolicy::PeriodicMayLoseRecent { interval_ms: 50 })
+    ///     .open()?;
+    /// assert!(store.open_report().created);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn builder(dir: impl AsRef<Path>) -> FileStoreBuilder {
         FileStoreBuilder {
             dir: dir.as_ref().to_path_buf(),
@@ -645,22 +802,83 @@ impl FileStore {
     }
 
     /// What open read and how long it took.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::open(dir.path())?;
+    /// let report = store.open_report();
+    /// assert!(report.created && report.refused.is_empty());
+    /// println!("opened in {:?}, {} partitions", report.elapsed, report.partitions);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn open_report(&self) -> &OpenReport {
         &self.inner.report
     }
 
     /// The store's directory.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::open(dir.path())?;
+    /// assert_eq!(store.path(), dir.path());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn path(&self) -> &Path {
         &self.inner.config.dir
     }
 
     /// Writes and syncs everything committed so far, whatever the sync policy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    /// use portcullis::SyncPolicy;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::builder(dir.path()).sync_policy(SyncPolicy::NeverSyncMayLoseRecent).open()?;
+    /// let p = Partition::new("accounts")?;
+    /// store.apply(&p, &Batch::new().put("alice", "10"))?;
+    /// store.flush()?; // durable now, whatever the sync policy
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn flush(&self) -> Result<()> {
         self.inner.check_open()?;
         self.inner.journal.sync_all().map(|_| ())
     }
 
     /// Writes a heads snapshot now, so that the next open scans nothing before this point.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::open(dir.path())?;
+    /// store.apply(&Partition::new("accounts")?, &Batch::new().put("alice", "10"))?;
+    /// store.write_heads_snapshot()?;
+    /// store.close()?;
+    /// let store = FileStore::open(dir.path())?;
+    /// assert_eq!(store.open_report().records_scanned, 0); // nothing after the snapshot
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn write_heads_snapshot(&self) -> Result<()> {
         self.inner.check_open()?;
         self.inner.write_snapshot()
@@ -668,6 +886,25 @@ impl FileStore {
 
     /// Reclaims space now: rewrites what is still live in every sealed segment and deletes
     /// those segments (SPEC S7). Safe to call while others read and write.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::open(dir.path())?;
+    /// let p = Partition::new("accounts")?;
+    /// for n in 0..100 {
+    ///     store.apply(&p, &Batch::new().put("alice", n.to_string()))?; // 99 overwritten values
+    /// }
+    /// let report = store.compact()?;
+    /// println!("{} segments removed, {} bytes copied", report.segments_removed, report.bytes_copied);
+    /// assert_eq!(store.get(&p, b"alice")?, Some(b"99".to_vec()));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn compact(&self) -> Result<CompactionReport> {
         self.inner.check_open()?;
         compaction::compact(&self.inner)
