@@ -1,5 +1,6 @@
 //! The expired-lease sweeper (SPEC F9): deletes leased-shard rows whose lease has expired,
-//! each guarded on the row as read, so a renewal that races the sweep always wins.
+//! each guarded on the row as read, so a renewal that races the sweep always wins. On a store
+//! without deadlines it first retires the entity's lease (`deadline_less.rs`).
 
 use super::revoke::{MAX_PAGES, PAGE_ROWS};
 use super::rows;
@@ -48,6 +49,11 @@ impl Fence {
             )?;
             for (key, raw, row, entity) in rows::decode_shard_page(keys, ns, &page.entries)? {
                 if self.now() < row.expires_at_ms {
+                    continue;
+                }
+                // Without deadlines, no lease a held write is guarded on may outlive its row.
+                if !self.retire_lease(&entity, &row)? {
+                    report.raced += 1;
                     continue;
                 }
                 self.hook(HookPoint::SweepBeforeDelete, Some(&entity));
