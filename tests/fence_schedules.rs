@@ -218,17 +218,18 @@ fn schedule_c_push_retries_after_a_racing_renewal() {
         let (row, lease) = (env.shard_row(&e).unwrap(), env.lease(&e).unwrap());
         assert_eq!(
             (row.acked_epoch, lease.epoch, lease.expires_at_ms),
-            (1, 1, row.expires_at_ms)
+            (1, 1, env.pushed_expiry(row.expires_at_ms))
         );
     });
 }
 
 /// (d) An expired, unswept leased row: renewal acknowledges at the current epoch, and an
 /// in-flight write planned under the old lease fails its deadline. The lease guard is
-/// removed here so that the deadline alone is what stops the write.
+/// removed here so that the deadline alone is what stops the write. (A store without
+/// deadlines has no deadline to miss: `tests/fence_deadline_less.rs` has its schedule.)
 #[test]
 fn schedule_d_expired_row_and_a_write_that_misses_its_deadline() {
-    each_backend(|env| {
+    each_backend_with_deadlines(|env| {
         let (ns, e) = (env.ns(), env.entity("a"));
         assert!(matches!(
             env.fence.write(&e, 0, put("k")).unwrap(),

@@ -61,4 +61,16 @@ pub struct GuardSwitches {
     pub drop_ack_row_guard: bool,
     /// Ignore the recovery hold-off when deciding completion (SPEC F6).
     pub ignore_recovery_hold_off: bool,
+    /// On a store without deadlines, treat an expired leased-shard row as done without
+    /// pushing to its entity, as a store with deadlines may (SPEC S11, F7).
+    pub expired_row_done_without_push: bool,
+    /// On a store without deadlines, let the sweeper delete an expired row without first
+    /// retiring the entity's lease (SPEC S11, F9).
+    pub sweep_without_retiring_lease: bool,
+    /// On a store without deadlines, let the sweeper retire a lease only when one is present,
+    /// not over an absent one (SPEC S11, F9).
+    pub retire_only_present_leases: bool,
+    /// On a store without deadlines, let a renewal of an expired row acknowledge it at the
+    /// current epoch, as a store with deadlines may (SPEC S11, F2).
+    pub renewal_acks_expired_row: bool,
 }

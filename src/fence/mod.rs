@@ -7,13 +7,17 @@
 //!
 //! One file per job: [`config`](FenceConfig) (parameters), `rows` (keys and encodings),
 //! `epoch` (F1), `write` (F2, F3), `revoke` (F4-F6), `driver` (F9, background), `sweep` (F9,
-//! sweeper), `stats` (store-call counters), `hooks` (test-only fault hooks, behind the cargo
-//! feature `test-hooks`).
+//! sweeper), `deadline_less` (the rule on stores that cannot evaluate `NotAfter`), `stats`
+//! (store-call counters), `hooks` (test-only fault hooks, behind the cargo feature
+//! `test-hooks`).
 //!
 //! Two clocks are involved: the planner's clock given to [`Fence::new`] (lease expiries,
 //! revocation hold-offs) and the store's own clock, against which `NotAfter` deadlines are
 //! checked inside the commit. Safety assumes their skew stays below `lease_margin_ms`;
-//! that is documented, not checked.
+//! that is documented, not checked. On a store without server-side deadlines
+//! ([`Store::evaluates_deadlines`] is `false`, e.g. etcd) fenced writes carry no `NotAfter`,
+//! and revocation and the sweeper push to an entity before they treat its expired row as
+//! done (docs/fencing.md).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -36,6 +40,7 @@
 //! ```
 
 mod config;
+mod deadline_less;
 mod driver;
 mod epoch;
 mod hooks;
@@ -99,6 +104,8 @@ struct Inner {
     clock: SharedClock,
     config: FenceConfig,
     kind: FenceKind,
+    /// Whether the store checks `NotAfter` at commit; `false` selects the deadline-less rule.
+    server_deadlines: bool,
     keys: Keys,
     counters: Arc<Counters>,
     #[cfg(feature = "test-hooks")]
@@ -186,6 +193,7 @@ impl Fence {
         kind: FenceKind,
     ) -> Fence {
         let counters = Arc::new(Counters::default());
+        let server_deadlines = store.evaluates_deadlines();
         let mut seed = RandomState::new().build_hasher();
         seed.write_u64(clock.now_ms());
         Fence {
@@ -195,6 +203,7 @@ impl Fence {
                 clock,
                 config,
                 kind,
+                server_deadlines,
                 keys: Keys::new(kind),
                 counters,
                 #[cfg(feature = "test-hooks")]

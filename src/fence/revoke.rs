@@ -4,7 +4,8 @@
 //! leased-shard rows in pages of 4 from the checkpoint; pushes the current epoch to entities
 //! whose live row is not yet acknowledged at it; acknowledges each push only after it
 //! committed; and ends by writing the checkpoint guarded on the epoch and marker as read, which
-//! is also the proof that neither changed during the slice.
+//! is also the proof that neither changed during the slice. On a store without deadlines an
+//! expired row is not done until it is pushed to and acknowledged (`deadline_less.rs`).
 
 use super::rows::{self, CheckpointRow, LeaseRow, RecoveryRow, ScanPosition, ShardRow};
 use super::stats::Counters;
@@ -217,7 +218,9 @@ impl Fence {
                     let now = self.now();
                     // SPEC F5: acknowledged at exactly this epoch. A row acknowledged above it
                     // (a coordinator restored from an older copy) vouches for nothing now.
-                    let mut complete = row.acked_epoch == epoch || now >= row.expires_at_ms;
+                    // On a store without deadlines an expired row is pushed to like a live one.
+                    let expired = self.expired_row_is_done() && now >= row.expires_at_ms;
+                    let mut complete = row.acked_epoch == epoch || expired;
                     if !complete {
                         // The first push of a slice is always made, so every slice progresses.
                         let time_spent =
@@ -353,7 +356,7 @@ impl Fence {
             }
             let pushed = LeaseRow {
                 epoch: pending.epoch,
-                expires_at_ms: pending.row.expires_at_ms,
+                expires_at_ms: self.pushed_expiry(&pending.row),
                 grant_id: pending.row.grant_id,
             };
             self.hook(HookPoint::PushBeforeLeaseWrite, Some(&pending.entity));
@@ -399,7 +402,9 @@ impl Fence {
             return Ok(None);
         };
         let row: ShardRow = rows::decode("leased-shard row", &row_raw)?;
-        if row.acked_epoch == epoch || self.now() >= row.expires_at_ms {
+        if row.acked_epoch == epoch
+            || (self.expired_row_is_done() && self.now() >= row.expires_at_ms)
+        {
             return Ok(None);
         }
         let pending = PendingAck {

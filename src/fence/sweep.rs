@@ -1,5 +1,6 @@
 //! The expired-lease sweeper (SPEC F9): deletes leased-shard rows whose lease has expired,
-//! each guarded on the row as read, so a renewal that races the sweep always wins.
+//! each guarded on the row as read, so a renewal that races the sweep always wins. On a store
+//! without deadlines it first retires the entity's lease (`deadline_less.rs`).
 //!
 //! [`Fence::sweep_step`] is one bounded step over one namespace. [`Fence::sweep_in_background`]
 //! runs passes over a changing list of namespaces on a thread of its own, every interval (the
@@ -217,6 +218,11 @@ impl Fence {
                     report.more = true;
                     let at = cursor_before(&page.entries, key, cursor);
                     return Ok((report, Resume::From(at)));
+                }
+                // Without deadlines, no lease a held write is guarded on may outlive its row.
+                if !self.retire_lease(&entity, &row)? {
+                    report.raced += 1;
+                    continue;
                 }
                 self.hook(HookPoint::SweepBeforeDelete, Some(&entity));
                 let batch = Batch::new()

@@ -31,7 +31,8 @@ pub struct WritePlan {
     pub epochs: Vec<u64>,
     /// The planner's clock when this attempt was planned.
     pub plan_time_ms: u64,
-    /// The earliest `NotAfter` deadline the batch carries (store clock).
+    /// The earliest `NotAfter` deadline the batch carries (store clock); `u64::MAX` when it
+    /// carries none (a store without deadlines, or an unfenced namespace).
     pub deadline_ms: u64,
     /// Whether this attempt renews a lease first.
     pub renewal: bool,
@@ -160,7 +161,13 @@ fn plan_attempt(
     let write_plan = WritePlan {
         epochs: prepared.iter().map(|p| p.lease_epoch).collect(),
         plan_time_ms: prepared[0].plan_time_ms,
-        deadline_ms: prepared.iter().map(|p| p.deadline_ms).min().unwrap_or(0),
+        deadline_ms: fences
+            .iter()
+            .zip(&prepared)
+            .filter(|(fg, _)| fg.fence.carries_deadlines())
+            .map(|(_, p)| p.deadline_ms)
+            .min()
+            .unwrap_or(u64::MAX),
         renewal: prepared.iter().any(|p| p.renewal.is_some()),
         attempt,
     };
@@ -590,8 +597,11 @@ impl Fence {
             expires_at_ms,
             // A live row keeps its acknowledgement: the entity may still hold an older lease
             // until this renewal's entity batch commits. An absent or expired row's lease is
-            // past its deadline, so the entity is safely at the current epoch.
-            acked_epoch: live_row.map_or(current, |r| r.acked_epoch),
+            // past its deadline, so the entity is safely at the current epoch. Without
+            // server-side deadlines an expired row keeps it too (`deadline_less.rs`).
+            acked_epoch: self
+                .row_keeping_ack(row, live_row)
+                .map_or(current, |r| r.acked_epoch),
             grant_id,
         };
         // Guarded on the epoch and the row as read, and on "not unfenced": no row is created
@@ -629,7 +639,7 @@ impl Fence {
         if !switches.drop_lease_guard {
             batch = guard_as_read(batch, lease_key, p.lease_raw.as_deref());
         }
-        if !switches.drop_deadline {
+        if !switches.drop_deadline && self.carries_deadlines() {
             batch = batch.not_after(p.deadline_ms);
         }
         if let Some((_, lease)) = &p.renewal {

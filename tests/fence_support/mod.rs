@@ -27,6 +27,13 @@ pub fn backends() -> Vec<(&'static str, BackendFactory)> {
         ("memory", |clock| {
             (Arc::new(MemoryStore::with_clock(clock)), Box::new(()))
         }),
+        // No server-side deadlines, like etcd (SPEC S11): fenced writes carry no `NotAfter`.
+        ("memory-no-deadlines", |clock| {
+            (
+                Arc::new(MemoryStore::with_clock(clock).without_deadlines()),
+                Box::new(()),
+            )
+        }),
         // Fencing does not test durability, so the file store skips syncs here.
         ("file", |clock| {
             let dir = tempfile::tempdir().unwrap();
@@ -94,6 +101,17 @@ impl Env {
         }
     }
 
+    /// Whether the store checks `NotAfter` deadlines (fenced writes carry them).
+    pub fn deadlines(&self) -> bool {
+        self.store.evaluates_deadlines()
+    }
+
+    /// The expiry a push gives a lease for a row expiring at `row_expiry`: the row's with
+    /// server-side deadlines, 0 (never usable) without.
+    pub fn pushed_expiry(&self, row_expiry: u64) -> u64 {
+        if self.deadlines() { row_expiry } else { 0 }
+    }
+
     /// Sets the store clock to the planner's plus `skew_ms` (negative: behind).
     pub fn skew_store_clock(&self, skew_ms: i64) {
         self.store_clock.offset_ms.store(skew_ms, Ordering::SeqCst);
@@ -132,11 +150,31 @@ impl Env {
         match self.lease(e) {
             Some(l) => {
                 l.epoch < epoch
-                    && self.store_clock.now_ms() <= l.expires_at_ms - self.config.lease_margin_ms()
+                    && i128::from(self.store_clock.now_ms())
+                        <= i128::from(l.expires_at_ms) - i128::from(self.config.lease_margin_ms())
             }
             None => false,
         }
     }
+}
+
+/// Runs `test` once per backend that evaluates `NotAfter` on its own clock: for the rules
+/// that are about deadlines (a deadline-less store has its own, `tests/fence_deadline_less.rs`).
+pub fn each_backend_with_deadlines(test: impl Fn(&Env)) {
+    each_backend(|env| {
+        if env.deadlines() {
+            test(env)
+        }
+    })
+}
+
+/// Runs `test` once per backend without server-side deadlines (SPEC S11).
+pub fn each_deadline_less_backend(test: impl Fn(&Env)) {
+    each_backend(|env| {
+        if !env.deadlines() {
+            test(env)
+        }
+    })
 }
 
 /// Runs `test` once per backend with the default configuration.
