@@ -64,6 +64,7 @@ pub struct EngineBuilder<M: StateMachine> {
     pub(crate) fence: FenceConfig,
     pub(crate) register_on_first_write: bool,
     pub(crate) checkpoint_every: Option<u64>,
+    pub(crate) max_resident_entities: Option<usize>,
     pub(crate) file_store: Vec<FileStoreOption>,
     pub(crate) sweep_expired_leases: bool,
     pub(crate) sweep_interval: std::time::Duration,
@@ -86,6 +87,7 @@ impl<M: StateMachine> std::fmt::Debug for EngineBuilder<M> {
             .field("warm_parallelism", &self.warm_parallelism)
             .field("checkpoint_tail_bound", &self.checkpoint_tail_bound)
             .field("checkpoint_every", &self.checkpoint_every)
+            .field("max_resident_entities", &self.max_resident_entities)
             .field("truncate_after_checkpoint", &self.truncate_after_checkpoint)
             .field("register_on_first_write", &self.register_on_first_write)
             .field("warm_on_open", &self.warm_on_open)
@@ -117,6 +119,7 @@ impl<M: StateMachine> EngineBuilder<M> {
             fence: FenceConfig::default(),
             register_on_first_write: false,
             checkpoint_every: None,
+            max_resident_entities: None,
             file_store: Vec::new(),
             sweep_expired_leases: true,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
@@ -322,6 +325,45 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// ```
     pub fn checkpoint_every(mut self, records: u64) -> Self {
         self.checkpoint_every = Some(records);
+        self
+    }
+
+    /// Keeps at most `entities` entities restored in memory (SPEC R10). When a restore would
+    /// exceed it, idle restored entities (no call using them, no write in flight, not
+    /// contained) are passivated, least recently touched first: their state is dropped and
+    /// their next touch restores them again from their newest checkpoint plus the log tail,
+    /// exactly once, behind the same gate. Nothing is written when an entity is passivated.
+    /// Entities in use are never dropped, so the count can exceed the budget while more than
+    /// `entities` calls run at once. Default: none (every restored entity stays in memory).
+    /// At least 1. See also [`Engine::passivate`].
+    ///
+    /// A warm or [`Engine::fold_all`] over more entities than the budget restores each of
+    /// them and passivates most again: it works, but costs a restore per entity per visit.
+    ///
+    /// ```
+    /// # use portcullis::typed::{Typed, TypedMachine};
+    /// # use portcullis::{Engine, EntityId, Rejection};
+    /// # struct Count;
+    /// # impl TypedMachine for Count {
+    /// #     type Record = (); type State = u64;
+    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// # }
+    /// let engine = Engine::builder(Typed(Count))
+    ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
+    ///     .register_on_first_write(true)
+    ///     .max_resident_entities(2)
+    ///     .open()?;
+    /// for i in 0..5 {
+    ///     engine.append_typed(&EntityId::new("counters", format!("c{i}"))?, &[()])?;
+    /// }
+    /// assert!(engine.stats().passivation.resident <= 2);
+    /// // A passivated entity restores on its next touch, with the same state.
+    /// assert_eq!(engine.read(&EntityId::new("counters", "c0")?, |n| *n)?, 1);
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
+    pub fn max_resident_entities(mut self, entities: usize) -> Self {
+        self.max_resident_entities = Some(entities);
         self
     }
 
@@ -817,6 +859,11 @@ impl<M: StateMachine> EngineBuilder<M> {
         }
         if self.sweep_interval.is_zero() {
             return Err(Error::invalid("sweep_interval must be above zero"));
+        }
+        if self.max_resident_entities == Some(0) {
+            return Err(Error::invalid(
+                "max_resident_entities must be at least 1 entity",
+            ));
         }
         if self.checkpoint_every == Some(0) {
             return Err(Error::invalid("checkpoint_every must be at least 1 record"));

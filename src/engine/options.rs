@@ -2,8 +2,6 @@
 //! N records. Both go through the public calls ([`Engine::register`], [`Engine::checkpoint`]),
 //! so they are fenced and logged exactly like a call the application makes itself.
 
-use std::sync::Arc;
-
 use super::Engine;
 use crate::entity::EntityId;
 use crate::error::{Error, Result};
@@ -14,10 +12,7 @@ impl<M: StateMachine> Engine<M> {
     /// Touches an entity for a write; with
     /// [`register_on_first_write`](super::EngineBuilder::register_on_first_write), registers an
     /// unknown one first.
-    pub(super) fn touch_for_write(
-        &self,
-        entity: &EntityId,
-    ) -> Result<Arc<restore::Slot<M::State>>> {
+    pub(super) fn touch_for_write(&self, entity: &EntityId) -> Result<restore::Pinned<M::State>> {
         match self.touch(entity) {
             Err(Error::UnknownEntity(_)) if self.inner.register_on_first_write => {
                 self.register(entity)?;

@@ -1,6 +1,6 @@
 //! Engine counters.
 
-use crate::restore::{PhaseCounts, WarmProgress};
+use crate::restore::{PassivationStats, PhaseCounts, WarmProgress};
 use crate::store::StoreStats;
 
 /// A snapshot of the engine's counters.
@@ -15,6 +15,8 @@ pub struct EngineStats {
     pub phases: PhaseCounts,
     /// Restore units run in this process.
     pub units_run: u64,
+    /// Resident entities, passivations and reactivations (SPEC R10).
+    pub passivation: PassivationStats,
     /// The most recent warm's progress, if one was started.
     pub warm: Option<WarmProgress>,
     /// The store's counters.

@@ -1,4 +1,4 @@
-//! Lazy restore (SPEC R1-R9).
+//! Lazy restore (SPEC R1-R10).
 //!
 //! Owns: the registry of entities (`Restorer`), the pending set with one gate per entity
 //! (`Pending -> Running -> Restored | Contained`, plus a fail-closed `Damaged`), the restore
@@ -20,6 +20,8 @@
 //!   re-replayed (R5);
 //! - the warm runs with bounded parallelism and can be waited on or stopped (R6);
 //! - deferred work is durable when accepted and applied inside the unit (R8);
+//! - idle restored entities can be passivated, under a budget or on request, and restore again
+//!   on their next touch, exactly once per activation (R10);
 //! - one info line per restored entity, one warn per refusal, a summary per warm (R9).
 //!
 //! The full state machine and lock order are in `docs/restore.md`.
@@ -32,6 +34,7 @@ pub mod keys;
 #[cfg(not(feature = "test-hooks"))]
 pub(crate) mod keys;
 mod machine;
+mod passivate;
 mod registry;
 mod restoring;
 mod telemetry;
@@ -45,6 +48,8 @@ use crate::entity::Namespace;
 
 pub use containment::{Containment, ReasonKind};
 pub use machine::{ApplyContext, Origin, Rejection, StateMachine};
+pub use passivate::PassivationStats;
+pub(crate) use passivate::Pinned;
 pub use registry::PhaseCounts;
 pub(crate) use registry::{Deferral, Restorer, Slot};
 pub(crate) use restoring::Mark as CallMark;

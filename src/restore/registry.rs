@@ -14,6 +14,7 @@ use super::containment::{Containment, ReasonKind};
 use super::gate::{Claim, Gate, PENDING, Phase};
 use super::keys;
 use super::machine::StateMachine;
+use super::passivate::{Residency, SlotLife};
 use super::restoring::{self, Kind};
 use super::telemetry::{self, MetricsHook};
 use super::unit::{self, Loaded, UnitFailure};
@@ -27,6 +28,8 @@ pub struct Slot<S> {
     pub(super) entity: EntityId,
     pub(super) gate: Gate,
     state: Mutex<Option<Loaded<S>>>,
+    /// Pins, last touch and residency, for passivation (SPEC R10).
+    pub(super) life: SlotLife,
 }
 
 impl<S> Slot<S> {
@@ -46,6 +49,10 @@ impl<S> Slot<S> {
     /// holding the state).
     pub fn is_restored(&self) -> bool {
         matches!(*self.gate.lock(), Phase::Restored)
+    }
+
+    pub(super) fn state_lock(&self) -> &Mutex<Option<Loaded<S>>> {
+        &self.state
     }
 }
 
@@ -97,6 +104,8 @@ pub struct Restorer<M: StateMachine> {
     units_run: AtomicU64,
     pub(super) arrivals: AtomicU64,
     pub(super) metrics: MetricsHook,
+    /// The passivation budget, ring and counters (SPEC R10).
+    pub(super) residency: Residency<M::State>,
 }
 
 impl<M: StateMachine> Restorer<M> {
@@ -106,6 +115,7 @@ impl<M: StateMachine> Restorer<M> {
         machine: Arc<M>,
         config: RestoreConfig,
         metrics: MetricsHook,
+        max_resident: Option<usize>,
     ) -> Self {
         Restorer {
             store,
@@ -117,6 +127,7 @@ impl<M: StateMachine> Restorer<M> {
             units_run: AtomicU64::new(0),
             arrivals: AtomicU64::new(0),
             metrics,
+            residency: Residency::new(max_resident),
         }
     }
 
@@ -193,6 +204,7 @@ impl<M: StateMachine> Restorer<M> {
             entity,
             gate: Gate::new(PENDING),
             state: Mutex::new(None),
+            life: SlotLife::default(),
         }
     }
 
@@ -258,7 +270,10 @@ impl<M: StateMachine> Restorer<M> {
         let mut phase = slot.gate.lock();
         loop {
             match &*phase {
-                Phase::Restored => return Ok(()),
+                Phase::Restored => {
+                    self.residency.touched(&slot.life);
+                    return Ok(());
+                }
                 Phase::Contained(reason) => return Err(reason.to_error(&slot.entity)),
                 Phase::Damaged => return Err(fail_closed(&slot.entity)),
                 Phase::Running { by } => {
@@ -279,7 +294,10 @@ impl<M: StateMachine> Restorer<M> {
                 Phase::Pending { .. } => {
                     slot.gate.claim(&mut phase, me);
                     drop(phase);
-                    return self.run_unit(slot, me);
+                    self.run_unit(slot, me)?;
+                    // No lock held: counts it resident, and passivates others over budget.
+                    self.activated(slot);
+                    return Ok(());
                 }
             }
         }
@@ -352,6 +370,7 @@ impl<M: StateMachine> Restorer<M> {
         let mut phase = slot.gate.lock();
         if matches!(*phase, Phase::Restored) {
             *phase = Phase::Contained(Arc::clone(&reason));
+            self.residency.left(&slot.life);
         }
         drop(phase);
         slot.gate.nudge();
@@ -365,6 +384,7 @@ impl<M: StateMachine> Restorer<M> {
         let mut phase = slot.gate.lock();
         if matches!(*phase, Phase::Restored) {
             *phase = Phase::Damaged;
+            self.residency.left(&slot.life);
         }
         drop(phase);
         slot.gate.nudge();
@@ -395,6 +415,8 @@ impl<M: StateMachine> Restorer<M> {
         }
         *phase = Phase::Contained(Arc::new(reason.clone()));
         drop(phase);
+        // Its state (if any) is no longer served; emptied when it is released.
+        self.residency.left(&slot.life);
         slot.gate.nudge();
         telemetry::contained(
             &self.metrics,
@@ -441,45 +463,6 @@ impl<M: StateMachine> Restorer<M> {
             Phase::Damaged => Some(damaged_reason()),
             _ => None,
         })
-    }
-
-    /// Makes every restored entity of `ns` pending again, dropping its state: the namespace
-    /// was adopted anew, and state restored under an earlier holding may be stale (another
-    /// owner may have written since). Entities being restored right now are left to finish.
-    pub(crate) fn forget_namespace(&self, ns: &crate::entity::Namespace) {
-        let slots: Vec<Arc<Slot<M::State>>> = self
-            .slots
-            .read()
-            .iter()
-            .filter(|(e, _)| e.namespace() == ns)
-            .map(|(_, s)| Arc::clone(s))
-            .collect();
-        for slot in slots {
-            // Lock order: state, then the gate's mutex (a leaf).
-            let mut state = slot.state.lock();
-            let mut phase = slot.gate.lock();
-            if matches!(*phase, Phase::Restored) {
-                *phase = PENDING;
-                *state = None;
-            }
-        }
-    }
-
-    /// Whether every registered entity of `ns` is restored in this process. An error listing
-    /// the entities answers `false`, so an owed repair is never dropped on a guess.
-    pub(crate) fn all_restored_in(&self, ns: &crate::entity::Namespace) -> bool {
-        let Ok(partitions) = self.store.list_partitions(&EntityId::partition_prefix(ns)) else {
-            return false;
-        };
-        let slots: HashMap<EntityId, Arc<Slot<M::State>>> = self.slots.read().clone();
-        partitions
-            .iter()
-            .filter_map(EntityId::from_partition)
-            .all(|e| {
-                slots
-                    .get(&e)
-                    .is_some_and(|s| matches!(*s.gate.lock(), Phase::Restored))
-            })
     }
 
     /// The entities still pending, in name order. Lists partition names (O(entities)).

@@ -1,0 +1,367 @@
+//! Passivation (SPEC R10): dropping idle restored entities from memory under a budget, or on
+//! request, so memory follows the entities in use rather than every entity ever touched.
+//!
+//! Owns: each slot's residency marks ([`SlotLife`]: calls using it, last touch, resident), the
+//! ring of resident entities in activation order, the budget, and the counters.
+//!
+//! A passivated entity goes back to `Pending`; its next touch runs the whole restore unit again
+//! behind the same gate (exactly once per activation, concurrent touches share it), from its
+//! newest checkpoint plus the log tail. Passivation publishes no checkpoint: everything the
+//! state folded is durable in the log already, and the next unit publishes one if the tail it
+//! replays is longer than the bound (SPEC R3), as any unit does. An unclean-restart repair
+//! does not run again: the entity's `\0repair` row records it was done.
+//!
+//! Only an entity that is `Restored`, not in use by a call (no pin, its state lock free) and
+//! with no write whose answer was lost is passivated. A contained, damaged or running entity
+//! never is. The state is taken out under the locks and dropped after they are released (its
+//! destructor is application code, SPEC R11).
+//!
+//! Choosing whom to drop: a ring of resident entities in activation order with a second chance
+//! (CLOCK): the entry at the front is dropped if its entity was not touched since it was queued,
+//! otherwise it goes to the back with its newer touch. This is least-recently-touched first
+//! for entities touched once, and an approximation of it otherwise; each step is O(1).
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+use super::gate::{PENDING, Phase};
+use super::machine::StateMachine;
+use super::registry::{Restorer, Slot};
+use super::unit::Loaded;
+use crate::entity::EntityId;
+use crate::error::{Error, Result};
+
+/// Counters of passivation (SPEC R10).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PassivationStats {
+    /// The budget of resident entities, if one is set.
+    pub budget: Option<u64>,
+    /// Entities whose state is in memory now.
+    pub resident: u64,
+    /// Entities passivated so far (by the budget or by `Engine::passivate`).
+    pub passivations: u64,
+    /// Restore units that restored an entity passivated before.
+    pub reactivations: u64,
+}
+
+/// One slot's residency marks.
+#[derive(Debug, Default)]
+pub(crate) struct SlotLife {
+    /// Calls using the slot right now (between their touch and the end of their closure).
+    pins: AtomicUsize,
+    /// The registry's touch counter at this entity's last touch.
+    last_touch: AtomicU64,
+    /// Whether its state is in memory (counted in `resident`).
+    resident: AtomicBool,
+    /// Whether it has an entry in the ring (changed only under the ring's mutex).
+    listed: AtomicBool,
+    /// Whether it was passivated and not restored since.
+    passivated: AtomicBool,
+}
+
+impl SlotLife {
+    /// The namespace was adopted anew: a later restore is a first activation under it.
+    pub(crate) fn forgotten(&self) {
+        self.passivated.store(false, Ordering::Release);
+    }
+
+    /// Passivated under this holding and not restored since: its unit ran (SPEC R3 duties
+    /// done), so it counts as restored for dropping owed repairs.
+    pub(crate) fn was_passivated(&self) -> bool {
+        self.passivated.load(Ordering::Acquire)
+    }
+}
+
+/// The budget, the ring and the counters of one registry.
+pub(crate) struct Residency<S> {
+    budget: Option<usize>,
+    ring: Mutex<VecDeque<(u64, Arc<Slot<S>>)>>,
+    touches: AtomicU64,
+    resident: AtomicU64,
+    passivations: AtomicU64,
+    reactivations: AtomicU64,
+    /// Test-only negative control: passivate whatever phase the entity is in.
+    unguarded: AtomicBool,
+}
+
+impl<S> Residency<S> {
+    pub(crate) fn new(budget: Option<usize>) -> Self {
+        Residency {
+            budget,
+            ring: Mutex::new(VecDeque::new()),
+            touches: AtomicU64::new(0),
+            resident: AtomicU64::new(0),
+            passivations: AtomicU64::new(0),
+            reactivations: AtomicU64::new(0),
+            unguarded: AtomicBool::new(false),
+        }
+    }
+
+    /// Records a touch of a slot (its place in least-recently-touched order).
+    pub(crate) fn touched(&self, life: &SlotLife) {
+        if self.budget.is_some() {
+            let now = self.touches.fetch_add(1, Ordering::Relaxed) + 1;
+            life.last_touch.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Test-only negative control: passivate whatever phase the entity is in.
+    pub(crate) fn unguarded(&self) -> bool {
+        self.unguarded.load(Ordering::Relaxed)
+    }
+
+    /// A slot left `Restored` (contained, failed closed, forgotten, passivated).
+    pub(crate) fn left(&self, life: &SlotLife) {
+        if life.resident.swap(false, Ordering::AcqRel) {
+            self.resident.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A slot pinned for the length of a call: the budget never passivates it meanwhile, so the
+/// state a call's touch restored is still there when the call takes its lock.
+pub struct Pinned<S>(Arc<Slot<S>>);
+
+impl<S> Pinned<S> {
+    pub(crate) fn new(slot: Arc<Slot<S>>) -> Self {
+        slot.life.pins.fetch_add(1, Ordering::SeqCst);
+        Pinned(slot)
+    }
+}
+
+impl<S> Deref for Pinned<S> {
+    type Target = Arc<Slot<S>>;
+    fn deref(&self) -> &Arc<Slot<S>> {
+        &self.0
+    }
+}
+
+impl<S> Drop for Pinned<S> {
+    fn drop(&mut self) {
+        self.0.life.pins.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Why a slot was not passivated.
+enum Kept {
+    /// Not restored (pending, contained, damaged): nothing to drop.
+    NotResident,
+    /// In use or being restored: try again later.
+    Busy(&'static str),
+}
+
+impl<M: StateMachine> Restorer<M> {
+    /// Touches an entity and pins it for the caller's call (see [`Pinned`]).
+    pub(crate) fn touch_pinned(&self, entity: &EntityId) -> Result<Pinned<M::State>> {
+        self.check_reentry(entity)?;
+        // Pinned before the gate is looked at: a passivation either sees the pin or runs
+        // wholly before this touch's look at the gate, which then finds it pending.
+        let slot = Pinned::new(self.slot(entity)?);
+        self.ensure(&slot)?;
+        Ok(slot)
+    }
+
+    /// A unit restored `slot` (the gate says `Restored`): counts it resident, queues it, and
+    /// passivates others if the budget is exceeded. Called with no lock held.
+    pub(crate) fn activated(&self, slot: &Arc<Slot<M::State>>) {
+        let residency = &self.residency;
+        residency.touched(&slot.life);
+        if !slot.life.resident.swap(true, Ordering::AcqRel) {
+            residency.resident.fetch_add(1, Ordering::AcqRel);
+        }
+        if slot.life.passivated.swap(false, Ordering::AcqRel) {
+            residency.reactivations.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some(budget) = residency.budget else {
+            return;
+        };
+        let mut dropped = Vec::new();
+        {
+            let mut ring = residency.ring.lock();
+            if !slot.life.listed.swap(true, Ordering::AcqRel) {
+                let stamp = slot.life.last_touch.load(Ordering::Relaxed);
+                ring.push_back((stamp, Arc::clone(slot)));
+            }
+            // Each entry is looked at most twice (a second chance, then a verdict), and busy
+            // ones are skipped: bounded work even when nothing can be dropped.
+            let mut looks = ring.len() * 2;
+            while residency.resident.load(Ordering::Acquire) > budget as u64 && looks > 0 {
+                looks -= 1;
+                let Some((stamp, candidate)) = ring.pop_front() else {
+                    break;
+                };
+                if !candidate.life.resident.load(Ordering::Acquire) {
+                    candidate.life.listed.store(false, Ordering::Release);
+                    continue;
+                }
+                let last = candidate.life.last_touch.load(Ordering::Relaxed);
+                if last > stamp {
+                    ring.push_back((last, candidate));
+                    continue;
+                }
+                match self.try_passivate(&candidate) {
+                    Ok(state) => {
+                        candidate.life.listed.store(false, Ordering::Release);
+                        dropped.push(state);
+                    }
+                    Err(Kept::NotResident) => {
+                        candidate.life.listed.store(false, Ordering::Release);
+                    }
+                    Err(Kept::Busy(_)) => ring.push_back((last, candidate)),
+                }
+            }
+        }
+        if !dropped.is_empty() {
+            ::log::debug!(
+                "passivated {} idle entities (budget {budget})",
+                dropped.len()
+            );
+        }
+        // The states' destructors run here, with no lock held (SPEC R11).
+        drop(dropped);
+    }
+
+    /// Takes a restored, idle slot's state and makes it pending again.
+    fn try_passivate(&self, slot: &Slot<M::State>) -> std::result::Result<Loaded<M::State>, Kept> {
+        let unguarded = self.residency.unguarded();
+        // Lock order: the state (never waited for here), then the gate's mutex (a leaf).
+        let Some(mut state) = slot.state_lock().try_lock() else {
+            return Err(Kept::Busy("a call holds its state"));
+        };
+        if state.as_ref().is_some_and(|l| l.unsettled.is_some()) {
+            return Err(Kept::Busy(
+                "a write whose answer was lost is not settled yet",
+            ));
+        }
+        let mut phase = slot.gate.lock();
+        match &*phase {
+            Phase::Restored => {}
+            Phase::Running { .. } | Phase::Pending { .. } if !unguarded => {
+                return Err(Kept::NotResident);
+            }
+            Phase::Contained(_) | Phase::Damaged if !unguarded => return Err(Kept::NotResident),
+            _ => {}
+        }
+        // Checked under the gate's mutex: a touch pins before it looks at the gate.
+        if slot.life.pins.load(Ordering::SeqCst) > 0 {
+            return Err(Kept::Busy("a call is using it"));
+        }
+        *phase = PENDING;
+        let taken = state.take();
+        drop(phase);
+        drop(state);
+        self.residency.left(&slot.life);
+        slot.life.passivated.store(true, Ordering::Release);
+        self.residency.passivations.fetch_add(1, Ordering::Relaxed);
+        slot.gate.nudge();
+        taken.ok_or(Kept::NotResident)
+    }
+
+    /// Passivates one entity now (SPEC R10): drops its restored state; its next touch restores
+    /// it again from its newest checkpoint. Answers `false` if it was not restored (pending,
+    /// or contained: a containment stays visible), and `Unavailable` while a call uses it or a
+    /// unit restores it.
+    pub fn passivate(&self, entity: &EntityId) -> Result<bool> {
+        let slot = match self.slots.read().get(entity) {
+            Some(slot) => Arc::clone(slot),
+            None => {
+                if self.store.contains_partition(&entity.partition())? {
+                    return Ok(false);
+                }
+                return Err(Error::UnknownEntity(entity.to_string()));
+            }
+        };
+        if matches!(*slot.gate.lock(), Phase::Running { .. }) {
+            return Err(busy(entity, "it is being restored"));
+        }
+        match self.try_passivate(&slot) {
+            Ok(state) => {
+                // Dropped with no lock held (SPEC R11).
+                drop(state);
+                ::log::debug!("passivated {entity}");
+                Ok(true)
+            }
+            Err(Kept::NotResident) => Ok(false),
+            Err(Kept::Busy(why)) => Err(busy(entity, why)),
+        }
+    }
+
+    /// Makes every restored entity of `ns` pending again, dropping its state: the namespace
+    /// was adopted anew, and state restored under an earlier holding may be stale (another
+    /// owner may have written since). Entities being restored right now are left to finish.
+    pub(crate) fn forget_namespace(&self, ns: &crate::entity::Namespace) {
+        let slots: Vec<Arc<Slot<M::State>>> = self
+            .slots
+            .read()
+            .iter()
+            .filter(|(e, _)| e.namespace() == ns)
+            .map(|(_, s)| Arc::clone(s))
+            .collect();
+        for slot in slots {
+            // Lock order: state, then the gate's mutex (a leaf).
+            let mut state = slot.state_lock().lock();
+            let mut phase = slot.gate.lock();
+            let mut dropped = None;
+            if matches!(*phase, Phase::Restored) {
+                *phase = PENDING;
+                dropped = state.take();
+                self.residency.left(&slot.life);
+            }
+            drop(phase);
+            drop(state);
+            // The state's destructor runs with no lock held (SPEC R11).
+            drop(dropped);
+            // Restored under an earlier holding: not a reactivation of this one.
+            slot.life.forgotten();
+        }
+    }
+
+    /// Whether every registered entity of `ns` is restored in this process. An error listing
+    /// the entities answers `false`, so an owed repair is never dropped on a guess.
+    pub(crate) fn all_restored_in(&self, ns: &crate::entity::Namespace) -> bool {
+        let Ok(partitions) = self.store.list_partitions(&EntityId::partition_prefix(ns)) else {
+            return false;
+        };
+        let slots: HashMap<EntityId, Arc<Slot<M::State>>> = self.slots.read().clone();
+        partitions
+            .iter()
+            .filter_map(EntityId::from_partition)
+            .all(|e| {
+                slots.get(&e).is_some_and(|s| match *s.gate.lock() {
+                    Phase::Restored => true,
+                    // Passivated: its unit (and repair) ran under this holding (SPEC R10).
+                    Phase::Pending { .. } => s.life.was_passivated(),
+                    _ => false,
+                })
+            })
+    }
+
+    /// The passivation counters.
+    pub fn passivation_stats(&self) -> PassivationStats {
+        let r = &self.residency;
+        PassivationStats {
+            budget: r.budget.map(|b| b as u64),
+            resident: r.resident.load(Ordering::Acquire),
+            passivations: r.passivations.load(Ordering::Relaxed),
+            reactivations: r.reactivations.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Test-only negative control: passivate entities in any phase (contained ones too).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_passivate_unguarded(&self, unguarded: bool) {
+        self.residency.unguarded.store(unguarded, Ordering::Relaxed);
+    }
+}
+
+fn busy(entity: &EntityId, why: &str) -> Error {
+    Error::Unavailable {
+        reason: format!("{entity} was not passivated: {why}; retry when the call ends"),
+        retry_after_ms: 10,
+    }
+}
