@@ -340,15 +340,17 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// A warm or [`Engine::fold_all`] over more entities than the budget restores each of
     /// them and passivates most again: it works, but costs a restore per entity per visit.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Count;
-    /// # impl TypedMachine for Count {
-    /// #     type Record = (); type State = u64;
-    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
-    /// # }
+    /// use portcullis::typed::{Typed, TypedMachine};
+    /// use portcullis::{Engine, EntityId, Rejection};
+    /// struct Count;
+    /// impl TypedMachine for Count {
+    ///     type Record = (); type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// }
     /// let engine = Engine::builder(Typed(Count))
     ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
     ///     .register_on_first_write(true)
@@ -760,20 +762,22 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// true. Turn it off only if something else sweeps
     /// ([`Fence::sweep_step`](crate::fence::Fence::sweep_step)).
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Count;
-    /// # impl TypedMachine for Count {
-    /// #     type Record = (); type State = u64;
-    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
-    /// # }
+    /// use portcullis::typed::{Typed, TypedMachine};
+    /// use portcullis::{Engine, EntityId, Rejection};
+    /// struct Count;
+    /// impl TypedMachine for Count {
+    ///     type Record = (); type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// }
     /// let engine = Engine::builder(Typed(Count))
     ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
-    ///     .sweep_interval(std::time::Duration::from_secs(10))
+    ///     .sweep_expired_leases(false) // something else sweeps
     ///     .open()?;
-    /// assert_eq!(engine.sweeper().unwrap().interval().as_secs(), 10);
+    /// assert!(engine.sweeper().is_none());
     /// # Ok::<(), portcullis::Error>(())
     /// ```
     pub fn sweep_expired_leases(mut self, sweep: bool) -> Self {
@@ -783,6 +787,25 @@ impl<M: StateMachine> EngineBuilder<M> {
 
     /// The time between passes of the expired-lease sweeper (real time). Default: 60 s
     /// ([`DEFAULT_SWEEP_INTERVAL`]; docs/fencing.md says why). Must be above zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::typed::{Typed, TypedMachine};
+    /// use portcullis::{Engine, EntityId, Rejection};
+    /// struct Count;
+    /// impl TypedMachine for Count {
+    ///     type Record = (); type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// }
+    /// let engine = Engine::builder(Typed(Count))
+    ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
+    ///     .sweep_interval(std::time::Duration::from_secs(10))
+    ///     .open()?;
+    /// assert_eq!(engine.sweeper().unwrap().interval().as_secs(), 10);
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
     pub fn sweep_interval(mut self, interval: std::time::Duration) -> Self {
         self.sweep_interval = interval;
         self

@@ -243,6 +243,27 @@ impl<M: StateMachine> Engine<M> {
     /// with [`EngineBuilder::sweep_expired_leases`](super::EngineBuilder::sweep_expired_leases).
     /// It sweeps every namespace this engine serves, every
     /// [`sweep_interval`](super::EngineBuilder::sweep_interval); `close` stops it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::typed::{Typed, TypedMachine};
+    /// use portcullis::{Engine, EntityId, Rejection};
+    /// struct Count;
+    /// impl TypedMachine for Count {
+    ///     type Record = (); type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// }
+    /// let engine = Engine::builder(Typed(Count))
+    ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
+    ///     .open()?;
+    /// let sweeper = engine.sweeper().expect("on by default");
+    /// // A pass now, rather than at the next interval: nothing has expired yet.
+    /// let report = sweeper.sweep_now(std::time::Duration::from_secs(10))?;
+    /// assert_eq!(report.deleted, 0);
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
     pub fn sweeper(&self) -> Option<&SweeperHandle> {
         self.inner.sweeper.as_ref()
     }

@@ -784,15 +784,17 @@ impl<M: StateMachine> Engine<M> {
     /// contained: a containment stays visible), and [`Error::Unavailable`] while a call uses
     /// it, a unit restores it, or a write to it whose answer was lost is not settled yet.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Count;
-    /// # impl TypedMachine for Count {
-    /// #     type Record = (); type State = u64;
-    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
-    /// # }
+    /// use portcullis::typed::{Typed, TypedMachine};
+    /// use portcullis::{Engine, EntityId, Rejection};
+    /// struct Count;
+    /// impl TypedMachine for Count {
+    ///     type Record = (); type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// }
     /// let engine = Engine::builder(Typed(Count))
     ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
     ///     .register_on_first_write(true)

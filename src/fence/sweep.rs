@@ -250,9 +250,11 @@ impl Fence {
     /// A failed sweep is logged and retried at the next pass. Refused with `InvalidArgument`
     /// for a zero interval; answers [`Error::Closed`] once the fence's drivers were stopped.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use std::{sync::Arc, time::Duration};
-    /// # use portcullis::{EntityId, ManualClock, store::{Batch, MemoryStore}, fence::*};
+    /// use std::{sync::Arc, time::Duration};
+    /// use portcullis::{EntityId, ManualClock, store::{Batch, MemoryStore}, fence::*};
     /// let clock = Arc::new(ManualClock::new(0));
     /// let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock.clone(), FenceConfig::default());
     /// let e = EntityId::new("ns", "e").unwrap();
