@@ -260,7 +260,7 @@ impl<M: StateMachine> Engine<M> {
     ///     .open()?;
     /// let sweeper = engine.sweeper().expect("on by default");
     /// // A pass now, rather than at the next interval: nothing has expired yet.
-    /// let report = sweeper.sweep_now(std::time::Duration::from_secs(10))?;
+    /// let report = sweeper.sweep_now(std::time::Duration::from_secs(10)).expect("a pass within 10 s");
     /// assert_eq!(report.deleted, 0);
     /// # Ok::<(), portcullis::Error>(())
     /// ```

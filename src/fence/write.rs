@@ -91,6 +91,7 @@ impl PlannedWrite {
 
     /// Applies the planned batch once. `None` when the lease guard failed or the deadline
     /// passed (the caller would re-plan).
+    #[cfg(feature = "test-hooks")]
     pub fn apply(self) -> Result<Option<WriteOutcome>> {
         Ok(match self.apply_once()? {
             Applied::Done(outcome) => Some(outcome),
