@@ -54,6 +54,7 @@ pub struct DamagedRecord {
 
 /// A torn tail truncated at open.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TornTail {
     /// Segment number.
     pub segment: u32,
