@@ -388,7 +388,10 @@ pub fn scan(
         } else {
             SEGMENT_HEADER_LEN
         };
-        let len = lens.get(&number).copied().unwrap_or(0);
+        let len = segment
+            .file
+            .len()
+            .map_err(|e| Error::io(format!("sizing segment {number}"), e))?;
         if number == start_segment && len < start_offset {
             let cause = format!(
                 "segment {number} is shorter than the heads snapshot's position {start_offset}"
