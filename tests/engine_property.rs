@@ -28,6 +28,10 @@ use portcullis::fence::{GuardSwitches, HookPoint};
 use portcullis::store::{FileStore, MemoryStore, Store, SyncPolicy};
 use portcullis::{ManualClock, SharedClock};
 
+/// Outcomes over every case run by this process (printed by the lanes).
+static TALLIES: parking_lot::Mutex<std::collections::BTreeMap<String, u64>> =
+    parking_lot::Mutex::new(std::collections::BTreeMap::new());
+
 const SHAPE: Shape = Shape {
     owners: 3,
     namespaces: 4,
@@ -294,6 +298,21 @@ fn case(seed: u64, backend: Backend, steps: usize, switches: GuardSwitches) -> R
     if outcome.is_ok() {
         outcome = finish(&world);
     }
+    let mut totals = TALLIES.lock();
+    for (what, n) in world.tallies.lock().iter() {
+        *totals.entry(what.clone()).or_default() += n;
+    }
+    let repairs: usize = (0..SHAPE.entities)
+        .map(|e| world.shared.ghost_of(&world.entity(e)))
+        .map(|log| {
+            log.iter()
+                .filter(|(_, p)| p.starts_with(b"repair:"))
+                .count()
+        })
+        .sum();
+    *totals.entry("repair records".into()).or_default() += repairs as u64;
+    *totals.entry("defer collisions".into()).or_default() += *world.defer_collisions.lock();
+    drop(totals);
     outcome.map_err(|v| {
         let trace = world.trace.lock().join("\n  ");
         format!("seed {seed} ({backend:?}): {v}\nsteps:\n  {trace}")
@@ -309,6 +328,8 @@ fn schedule(steps: &[Step], switches: GuardSwitches) -> Result<(), String> {
     Ok(())
 }
 
+/// Runs `cases` seeded cases, spread over the available cores (each case is single-threaded
+/// and independent, so this only shortens the lane).
 fn lane(cases: u64, backend: Backend, steps: usize) {
     if let Ok(seed) = std::env::var("ENGINE_PROPERTY_SEED") {
         let seed = seed.parse().expect("ENGINE_PROPERTY_SEED is a number");
@@ -320,12 +341,32 @@ fn lane(cases: u64, backend: Backend, steps: usize) {
     // ENGINE_PROPERTY_CASES overrides the count (to measure, or to search further).
     let cases = std::env::var("ENGINE_PROPERTY_CASES").map_or(cases, |c| c.parse().unwrap());
     let base = Rng::new(0x005e_ede9).next_u64();
-    for i in 0..cases {
-        let seed = base.wrapping_add(i);
-        if let Err(e) = case(seed, backend, steps, GuardSwitches::default()) {
-            panic!("{e}");
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(4)) as u64;
+    let failure = parking_lot::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for w in 0..workers {
+            let failure = &failure;
+            scope.spawn(move || {
+                for i in (w..cases).step_by(workers as usize) {
+                    if failure.lock().is_some() {
+                        return;
+                    }
+                    let seed = base.wrapping_add(i);
+                    if let Err(e) = case(seed, backend, steps, GuardSwitches::default()) {
+                        failure.lock().get_or_insert(e);
+                        return;
+                    }
+                }
+            });
         }
+    });
+    if let Some(e) = failure.into_inner() {
+        panic!("{e}");
     }
+    println!(
+        "{cases} cases on {backend:?}; outcomes so far: {:?}",
+        TALLIES.lock()
+    );
 }
 
 #[test]
@@ -342,13 +383,19 @@ fn engines_sharing_a_file_store_keep_f7_exactly_once_and_folds() {
 #[ignore = "long lane: 100,000 cases (release)"]
 fn engine_property_long_lane() {
     lane(100_000, Backend::Memory, 40);
-    lane(1_000, Backend::File, 40);
+}
+
+#[test]
+#[ignore = "long lane: 300 cases on the file store (release)"]
+fn engine_property_long_lane_file() {
+    lane(300, Backend::File, 40);
 }
 
 /// A bounded search over seeds that must find a violation with `switches`.
 fn must_find(switches: GuardSwitches, cases: u64) -> String {
     for seed in 0..cases {
         if let Err(e) = case(seed, Backend::Memory, 40, switches) {
+            println!("{}", e.lines().next().unwrap_or_default());
             return e;
         }
     }

@@ -179,6 +179,8 @@ pub struct World {
     pub defer_collisions: Mutex<u64>,
     /// Every deferral the engine accepted: entity and payload.
     pub deferred: Mutex<Vec<(EntityId, Vec<u8>)>>,
+    /// Outcomes counted by [`World::tally`].
+    pub tallies: Mutex<std::collections::BTreeMap<String, u64>>,
     /// The steps run, nested ones indented.
     pub trace: Mutex<Vec<String>>,
     me: Weak<World>,
@@ -231,6 +233,7 @@ impl World {
             defer_collisions: Mutex::new(0),
             deferred: Mutex::new(Vec::new()),
             trace: Mutex::new(Vec::new()),
+            tallies: Mutex::new(Default::default()),
             me: me.clone(),
         });
         for o in 0..shape.owners {
@@ -322,6 +325,7 @@ impl World {
         };
         let Some(armed) = armed else { return };
         self.fired.store(true, Ordering::SeqCst);
+        self.tally("interleaving ran");
         for step in &armed.actions {
             self.trace
                 .lock()
@@ -378,6 +382,7 @@ impl World {
     /// Whether an error is one the step may meet; `Unavailable` only when an interleaving
     /// moved leases under the step.
     fn expected(&self, what: &str, e: Error) -> Result<(), String> {
+        self.tally(&format!("{what}: {}", e.code()));
         match e {
             Error::Fenced { .. } | Error::NotServed { .. } => Ok(()),
             Error::Unavailable { .. } if self.fired.load(Ordering::SeqCst) => Ok(()),
@@ -385,7 +390,13 @@ impl World {
         }
     }
 
+    /// Counts an outcome, to show what the steps reached.
+    pub fn tally(&self, what: &str) {
+        *self.tallies.lock().entry(what.to_string()).or_default() += 1;
+    }
+
     fn completed(&self, kind: FenceKind, fence: &Fence, ns: usize) -> Result<(), String> {
+        self.tally(&format!("complete {kind:?}"));
         let ns = namespace(ns);
         let epoch = fence.current_epoch(&ns).map_err(|e| e.to_string())?;
         self.shared.complete(kind, &ns, epoch);
@@ -427,7 +438,10 @@ impl World {
             Step::Defer { o, e } => {
                 let (x, payload) = (self.entity(e), self.payload("d"));
                 match self.owner(o).engine.defer(&x, payload.clone()) {
-                    Ok(Deferred::Queued) => self.deferred.lock().push((x, payload)),
+                    Ok(Deferred::Queued) => {
+                        self.tally("deferral queued");
+                        self.deferred.lock().push((x, payload));
+                    }
                     Ok(Deferred::Applied { seq }) => {
                         self.deferred.lock().push((x.clone(), payload.clone()));
                         self.check_at(&x, seq, &payload)?;
@@ -532,6 +546,7 @@ impl World {
                 let dead = self.owners[o].lock().take().expect("open");
                 dead.store.dead.store(true, Ordering::SeqCst);
                 drop(dead); // its clean close fails: the store refuses the dead process
+                self.tally("crash");
                 self.open(o, skew);
             }
             Step::Release { o, ns } => {
@@ -550,6 +565,7 @@ impl World {
                 let before = owner.engine.grant(&ns);
                 match owner.engine.own(&ns) {
                     Ok(grant) => {
+                        self.tally("own");
                         if before != Some(grant) {
                             owner.units.forget(&ns);
                         }
