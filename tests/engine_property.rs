@@ -311,7 +311,6 @@ fn case(seed: u64, backend: Backend, steps: usize, switches: GuardSwitches) -> R
         })
         .sum();
     *totals.entry("repair records".into()).or_default() += repairs as u64;
-    *totals.entry("defer collisions".into()).or_default() += *world.defer_collisions.lock();
     drop(totals);
     outcome.map_err(|v| {
         let trace = world.trace.lock().join("\n  ");

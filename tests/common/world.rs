@@ -175,8 +175,6 @@ pub struct World {
     fired: AtomicBool,
     /// Records written so far (payloads are unique).
     counter: Mutex<u64>,
-    /// Deferrals refused because their row's key was taken (see `Step::Defer`).
-    pub defer_collisions: Mutex<u64>,
     /// Every deferral the engine accepted: entity and payload.
     pub deferred: Mutex<Vec<(EntityId, Vec<u8>)>>,
     /// Outcomes counted by [`World::tally`].
@@ -230,7 +228,6 @@ impl World {
             armed: Mutex::new(None),
             fired: AtomicBool::new(false),
             counter: Mutex::new(0),
-            defer_collisions: Mutex::new(0),
             deferred: Mutex::new(Vec::new()),
             trace: Mutex::new(Vec::new()),
             tallies: Mutex::new(Default::default()),
@@ -266,6 +263,8 @@ impl World {
             .store(Arc::clone(&store) as Arc<dyn Store>)
             .owner(format!("owner-{o}"))
             .adopt_on_first_use(false)
+            // Sweeps are steps of their own: no background pass on real time.
+            .sweep_expired_leases(false)
             .pool_threads(1)
             .warm_parallelism(1)
             .checkpoint_tail_bound(4)
@@ -447,14 +446,6 @@ impl World {
                         self.check_at(&x, seq, &payload)?;
                     }
                     Ok(Deferred::AlreadyAccepted) => return Err("defer: a duplicate".into()),
-                    // Deferred rows keyed by the owner's incarnation collide when a new owner
-                    // (with the same incarnation number) defers to an entity whose earlier
-                    // deferral is still queued: the guarded put refuses, nothing is lost.
-                    Err(Error::Unavailable { reason, .. })
-                        if reason.contains("PreconditionFailed { index: 0 }") =>
-                    {
-                        *self.defer_collisions.lock() += 1;
-                    }
                     Err(err) => self.expected("defer", err)?,
                 }
             }
