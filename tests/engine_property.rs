@@ -511,3 +511,19 @@ fn negative_control_removed_ack_row_guard_is_caught_by_engines() {
     .unwrap_err();
     assert!(found.contains("F7 violated"), "{found}");
 }
+
+/// A deposed owner's write to an entity it had restored, after the new owner wrote to it, is
+/// refused `Fenced` and deposes it; the entity is not contained (issue 9: no containment with
+/// a misleading "the log changed under the engine"). Found by the long lane: the write's
+/// refusal was taken for a lost answer, and settling it found the new owner's records.
+#[test]
+fn a_deposed_owners_write_after_the_new_owner_wrote_is_fenced_not_contained() {
+    let steps = [
+        Step::Touch { o: 0, e: 0 },
+        Step::TakeOver { o: 1, ns: 0 },
+        Step::Write { o: 1, e: 0 },
+        Step::Write { o: 0, e: 0 },
+        Step::Read { o: 1, e: 0 },
+    ];
+    schedule(&steps, GuardSwitches::default()).unwrap();
+}
