@@ -173,6 +173,8 @@ pub struct World {
     armed: Mutex<Option<Armed>>,
     /// Whether an interleaving ran during the current step.
     fired: AtomicBool,
+    /// Negative control: engines commit their entity batches without the fence.
+    bypass_fence: AtomicBool,
     /// Records written so far (payloads are unique).
     counter: Mutex<u64>,
     /// Every deferral the engine accepted: entity and payload.
@@ -227,6 +229,7 @@ impl World {
             owners: (0..shape.owners).map(|_| Mutex::new(None)).collect(),
             armed: Mutex::new(None),
             fired: AtomicBool::new(false),
+            bypass_fence: AtomicBool::new(false),
             counter: Mutex::new(0),
             deferred: Mutex::new(Vec::new()),
             trace: Mutex::new(Vec::new()),
@@ -280,6 +283,7 @@ impl World {
             self.config,
             FenceKind::Authority,
         );
+        engine.set_bypass_fence_for_test(self.bypass_fence.load(Ordering::SeqCst));
         for fence in [engine.fence(), &authority] {
             fence.set_guard_switches(self.switches);
             fence.set_hooks(Arc::new(Hooks {
@@ -294,6 +298,15 @@ impl World {
             authority,
             auth_grants: HashMap::new(),
         });
+    }
+
+    /// Negative control: every engine, now and after a crash, commits its entity batches
+    /// without the fence (as before SPEC F11).
+    pub fn bypass_engine_fence(&self) {
+        self.bypass_fence.store(true, Ordering::SeqCst);
+        for o in 0..self.shape.owners {
+            self.owner(o).engine.set_bypass_fence_for_test(true);
+        }
     }
 
     /// A handle on owner `o` (its parts cloned out, so no lock is held across a call).
