@@ -172,6 +172,12 @@ impl<M: StateMachine> Engine<M> {
                         retry_after_ms: 10,
                     });
                 }
+                Err(e @ (Error::Fenced { .. } | Error::NotServed { .. })) => {
+                    // Refused before the batch was applied: nothing committed, and the log
+                    // may have moved under a new owner, which is no damage (SPEC F11).
+                    unsure.disarm();
+                    return Err(e);
+                }
                 Err(e) => {
                     // The store failed, possibly after the batch committed: settle it by
                     // reading the head rather than guess (see `settle`).

@@ -16,5 +16,6 @@ pub mod layout;
 pub mod logs;
 pub mod owners;
 pub mod rng;
+pub mod steps;
 pub mod workload;
 pub mod world;

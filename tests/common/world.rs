@@ -18,126 +18,9 @@ use portcullis::store::{Batch, Store};
 use portcullis::{EntityId, Error, ManualClock, Namespace};
 
 use super::owners::{CallGrant, ListMachine, OwnerClock, OwnerStore, Shared, UnitCounter};
+pub use super::steps::{Shape, Step, namespace};
 
 pub type Eng = Engine<ListMachine>;
-
-/// One step of one owner (or of the clock). Entities are numbered; entity `i` lives in
-/// namespace `i % namespaces`.
-#[derive(Clone, Debug)]
-pub enum Step {
-    /// Restore an entity (a read that looks at nothing).
-    Touch {
-        o: usize,
-        e: usize,
-    },
-    /// Read an entity's state and compare it with the fold of its committed log.
-    Read {
-        o: usize,
-        e: usize,
-    },
-    /// Append one record through the engine.
-    Write {
-        o: usize,
-        e: usize,
-    },
-    /// Defer one record (SPEC R8).
-    Defer {
-        o: usize,
-        e: usize,
-    },
-    /// Publish a checkpoint (and truncate, if the owner is configured to).
-    Checkpoint {
-        o: usize,
-        e: usize,
-    },
-    /// Advance a namespace's epoch by one.
-    Bump {
-        o: usize,
-        ns: usize,
-    },
-    /// One revocation slice with a small budget.
-    Revoke {
-        o: usize,
-        ns: usize,
-        pages: usize,
-        pushes: usize,
-    },
-    /// An application row written through the engine's fence under the owner's grant.
-    Renew {
-        o: usize,
-        e: usize,
-    },
-    /// An application row written through the engine's fence under the current epoch.
-    FenceWrite {
-        o: usize,
-        e: usize,
-    },
-    /// One sweep of expired leased-shard rows.
-    Sweep {
-        o: usize,
-        ns: usize,
-    },
-    /// Advance the store's clock (every owner's moves with it).
-    Advance {
-        ms: u64,
-    },
-    /// Set one owner's clock skew against the store's.
-    Skew {
-        o: usize,
-        ms: i64,
-    },
-    /// Declare a namespace's lease table recovered (SPEC F6).
-    MarkRecovered {
-        o: usize,
-        ns: usize,
-    },
-    /// The authority fence (SPEC F10): bump, one slice, a write under both fences.
-    AuthBump {
-        o: usize,
-        ns: usize,
-    },
-    AuthRevoke {
-        o: usize,
-        ns: usize,
-    },
-    AuthWrite {
-        o: usize,
-        e: usize,
-        refresh: bool,
-    },
-    /// The owner's process dies (no clean close) and a new engine with the same owner id opens.
-    Crash {
-        o: usize,
-    },
-    /// Release a namespace (a clean hand-over).
-    Release {
-        o: usize,
-        ns: usize,
-    },
-    /// Adopt a namespace, when no other owner may still write it.
-    Own {
-        o: usize,
-        ns: usize,
-    },
-    /// Bump, revoke until `Complete` (bounded), adopt.
-    TakeOver {
-        o: usize,
-        ns: usize,
-    },
-    /// The coordinator is restored from an older copy (its leased-shard rows are lost) and
-    /// declared recovered at once, as SPEC F6 requires.
-    LoseRows {
-        o: usize,
-        ns: usize,
-    },
-    /// Run `then`; when owner `o`'s fence reaches `point`, run `actions` (other owners) there.
-    Interleave {
-        o: usize,
-        point: HookPoint,
-        actions: Vec<Step>,
-        then: Box<Step>,
-    },
-}
 
 /// One owner: its engine (re-opened after a crash), its view of the store, its counters.
 pub struct Owner {
@@ -154,14 +37,6 @@ struct Armed {
     actions: Vec<Step>,
 }
 
-/// Shape of a world.
-#[derive(Clone, Copy, Debug)]
-pub struct Shape {
-    pub owners: usize,
-    pub namespaces: usize,
-    pub entities: usize,
-}
-
 pub struct World {
     pub shape: Shape,
     pub base: Arc<dyn Store>,
@@ -173,12 +48,14 @@ pub struct World {
     armed: Mutex<Option<Armed>>,
     /// Whether an interleaving ran during the current step.
     fired: AtomicBool,
+    /// Negative control: engines commit their entity batches without the fence.
+    bypass_fence: AtomicBool,
     /// Records written so far (payloads are unique).
     counter: Mutex<u64>,
-    /// Deferrals refused because their row's key was taken (see `Step::Defer`).
-    pub defer_collisions: Mutex<u64>,
     /// Every deferral the engine accepted: entity and payload.
     pub deferred: Mutex<Vec<(EntityId, Vec<u8>)>>,
+    /// Outcomes counted by [`World::tally`].
+    pub tallies: Mutex<std::collections::BTreeMap<String, u64>>,
     /// The steps run, nested ones indented.
     pub trace: Mutex<Vec<String>>,
     me: Weak<World>,
@@ -204,10 +81,6 @@ impl FenceHooks for Hooks {
     }
 }
 
-pub fn namespace(i: usize) -> Namespace {
-    Namespace::new(format!("ns{i}")).unwrap()
-}
-
 impl World {
     /// A world over `base` (whose clock is `clock`); owner `o` first serves the namespaces
     /// `ns % owners == o` and registers their entities.
@@ -227,10 +100,11 @@ impl World {
             owners: (0..shape.owners).map(|_| Mutex::new(None)).collect(),
             armed: Mutex::new(None),
             fired: AtomicBool::new(false),
+            bypass_fence: AtomicBool::new(false),
             counter: Mutex::new(0),
-            defer_collisions: Mutex::new(0),
             deferred: Mutex::new(Vec::new()),
             trace: Mutex::new(Vec::new()),
+            tallies: Mutex::new(Default::default()),
             me: me.clone(),
         });
         for o in 0..shape.owners {
@@ -263,6 +137,8 @@ impl World {
             .store(Arc::clone(&store) as Arc<dyn Store>)
             .owner(format!("owner-{o}"))
             .adopt_on_first_use(false)
+            // Sweeps are steps of their own: no background pass on real time.
+            .sweep_expired_leases(false)
             .pool_threads(1)
             .warm_parallelism(1)
             .checkpoint_tail_bound(4)
@@ -278,6 +154,7 @@ impl World {
             self.config,
             FenceKind::Authority,
         );
+        engine.set_bypass_fence_for_test(self.bypass_fence.load(Ordering::SeqCst));
         for fence in [engine.fence(), &authority] {
             fence.set_guard_switches(self.switches);
             fence.set_hooks(Arc::new(Hooks {
@@ -292,6 +169,15 @@ impl World {
             authority,
             auth_grants: HashMap::new(),
         });
+    }
+
+    /// Negative control: every engine, now and after a crash, commits its entity batches
+    /// without the fence (as before SPEC F11).
+    pub fn bypass_engine_fence(&self) {
+        self.bypass_fence.store(true, Ordering::SeqCst);
+        for o in 0..self.shape.owners {
+            self.owner(o).engine.set_bypass_fence_for_test(true);
+        }
     }
 
     /// A handle on owner `o` (its parts cloned out, so no lock is held across a call).
@@ -322,6 +208,7 @@ impl World {
         };
         let Some(armed) = armed else { return };
         self.fired.store(true, Ordering::SeqCst);
+        self.tally("interleaving ran");
         for step in &armed.actions {
             self.trace
                 .lock()
@@ -378,6 +265,7 @@ impl World {
     /// Whether an error is one the step may meet; `Unavailable` only when an interleaving
     /// moved leases under the step.
     fn expected(&self, what: &str, e: Error) -> Result<(), String> {
+        self.tally(&format!("{what}: {}", e.code()));
         match e {
             Error::Fenced { .. } | Error::NotServed { .. } => Ok(()),
             Error::Unavailable { .. } if self.fired.load(Ordering::SeqCst) => Ok(()),
@@ -385,7 +273,13 @@ impl World {
         }
     }
 
+    /// Counts an outcome, to show what the steps reached.
+    pub fn tally(&self, what: &str) {
+        *self.tallies.lock().entry(what.to_string()).or_default() += 1;
+    }
+
     fn completed(&self, kind: FenceKind, fence: &Fence, ns: usize) -> Result<(), String> {
+        self.tally(&format!("complete {kind:?}"));
         let ns = namespace(ns);
         let epoch = fence.current_epoch(&ns).map_err(|e| e.to_string())?;
         self.shared.complete(kind, &ns, epoch);
@@ -427,20 +321,15 @@ impl World {
             Step::Defer { o, e } => {
                 let (x, payload) = (self.entity(e), self.payload("d"));
                 match self.owner(o).engine.defer(&x, payload.clone()) {
-                    Ok(Deferred::Queued) => self.deferred.lock().push((x, payload)),
+                    Ok(Deferred::Queued) => {
+                        self.tally("deferral queued");
+                        self.deferred.lock().push((x, payload));
+                    }
                     Ok(Deferred::Applied { seq }) => {
                         self.deferred.lock().push((x.clone(), payload.clone()));
                         self.check_at(&x, seq, &payload)?;
                     }
                     Ok(Deferred::AlreadyAccepted) => return Err("defer: a duplicate".into()),
-                    // Deferred rows keyed by the owner's incarnation collide when a new owner
-                    // (with the same incarnation number) defers to an entity whose earlier
-                    // deferral is still queued: the guarded put refuses, nothing is lost.
-                    Err(Error::Unavailable { reason, .. })
-                        if reason.contains("PreconditionFailed { index: 0 }") =>
-                    {
-                        *self.defer_collisions.lock() += 1;
-                    }
                     Err(err) => self.expected("defer", err)?,
                 }
             }
@@ -532,6 +421,7 @@ impl World {
                 let dead = self.owners[o].lock().take().expect("open");
                 dead.store.dead.store(true, Ordering::SeqCst);
                 drop(dead); // its clean close fails: the store refuses the dead process
+                self.tally("crash");
                 self.open(o, skew);
             }
             Step::Release { o, ns } => {
@@ -550,6 +440,7 @@ impl World {
                 let before = owner.engine.grant(&ns);
                 match owner.engine.own(&ns) {
                     Ok(grant) => {
+                        self.tally("own");
                         if before != Some(grant) {
                             owner.units.forget(&ns);
                         }
