@@ -5,8 +5,8 @@
 use super::Engine;
 use super::owner::Mode;
 use crate::entity::Namespace;
-use crate::error::{Error, Result};
-use crate::fence::{Fence, RevokeBudget, RevokeProgress};
+use crate::error::Result;
+use crate::fence::{Fence, RevokeBudget, RevokeProgress, SweeperHandle};
 use crate::restore::StateMachine;
 
 impl<M: StateMachine> Engine<M> {
@@ -18,10 +18,10 @@ impl<M: StateMachine> Engine<M> {
     /// engine was fenced out of (or released) takes it again at the current epoch and restores
     /// its entities afresh; do that only once this engine should own it again.
     ///
-    /// Refused with [`Error::NotServed`] while another owner holds the namespace at the current
-    /// epoch: to take it over, bump the epoch ([`Engine::bump_epoch`]) and run
-    /// [`Engine::revoke_step`] until it answers `Complete` first, so no write of the old owner
-    /// can commit any more. A take-over from an owner that did not release the namespace (it
+    /// Refused with [`NotServed`](crate::Error::NotServed) while another owner holds the
+    /// namespace at the current epoch: to take it over, bump the epoch
+    /// ([`Engine::bump_epoch`]) and run [`Engine::revoke_step`] until it answers `Complete`
+    /// first, so no write of the old owner can commit any more. A take-over from an owner that did not release the namespace (it
     /// died, or was deposed) runs the unclean-restart repair once per entity (SPEC R3).
     ///
     /// # Examples
@@ -58,10 +58,16 @@ impl<M: StateMachine> Engine<M> {
         self.inner.owners.adopt(ns, Mode::Fenced, false)
     }
 
-    /// Adopts a namespace unfenced (SPEC F11; for applications that never hand it over): writes carry no
-    /// lease guard and leave no leased-shard rows, so they cost no fencing store calls, and a
-    /// bump of the namespace's epoch through this engine is refused. Refused for a namespace
-    /// that has ever been bumped.
+    /// Adopts a namespace unfenced (SPEC F11; for applications that never hand it over): writes
+    /// carry no lease guard and leave no leased-shard rows, so they cost no fencing store
+    /// calls.
+    ///
+    /// The namespace is declared unfenced in the store ([`Fence::declare_unfenced`]), and that
+    /// is permanent: a bump of its epoch through any engine or [`Fence`] handle over the store
+    /// is refused with [`InvalidArgument`](crate::Error::InvalidArgument), an explicit
+    /// [`Engine::own`] of it is refused, and adoption on first use serves it unfenced. Refused
+    /// for a namespace that has ever been bumped, and with
+    /// [`NotServed`](crate::Error::NotServed) while another owner holds it.
     ///
     /// # Examples
     ///
@@ -81,11 +87,10 @@ impl<M: StateMachine> Engine<M> {
     /// # fn main() -> portcullis::Result<()> {
     /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     /// let ns = Namespace::new("jobs")?;
-    /// let engine = Engine::builder(Typed(Total)).store(store).adopt_on_first_use(false).open()?;
-    /// engine.own_unfenced(&ns)?; // this engine alone ever serves it
-    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
-    /// engine.register(&job)?;
-    /// assert!(engine.bump_epoch(&ns, 1).is_err());
+    /// let a = Engine::builder(Typed(Total)).store(store.clone()).owner("a").open()?;
+    /// let b = Engine::builder(Typed(Total)).store(store).owner("b").open()?;
+    /// a.own_unfenced(&ns)?; // a alone ever serves it
+    /// assert!(b.bump_epoch(&ns, 1).is_err(), "no engine can bump it");
     /// # Ok(())
     /// # }
     /// ```
@@ -100,8 +105,8 @@ impl<M: StateMachine> Engine<M> {
     /// Stops serving a namespace and records that in its owner row, so the next owner takes it
     /// over cleanly (no repair for this engine's term). Repairs this engine owed the namespace
     /// stay owed unless it restored every entity of it. Later calls for the namespace answer
-    /// [`Error::NotServed`] until [`Engine::own`]. Releasing a namespace this engine does not
-    /// serve does nothing.
+    /// [`NotServed`](crate::Error::NotServed) until [`Engine::own`]. Releasing a namespace this
+    /// engine does not serve does nothing.
     ///
     /// # Examples
     ///
@@ -232,6 +237,39 @@ impl<M: StateMachine> Engine<M> {
         &self.inner.fence
     }
 
+    /// The background sweeper of expired leased-shard rows (SPEC F9), unless it was turned off
+    /// with [`EngineBuilder::sweep_expired_leases`](super::EngineBuilder::sweep_expired_leases).
+    /// It sweeps every namespace this engine serves, every
+    /// [`sweep_interval`](super::EngineBuilder::sweep_interval); `close` stops it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::store::{MemoryStore, Store};
+    /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let ns = Namespace::new("jobs")?;
+    /// let engine = Engine::builder(Typed(Total)).store(store).adopt_on_first_use(false).open()?;
+    /// let sweeper = engine.sweeper().expect("on by default");
+    /// println!("{} sweeps so far, every {:?}", sweeper.passes(), sweeper.interval());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn sweeper(&self) -> Option<&SweeperHandle> {
+        self.inner.sweeper.as_ref()
+    }
+
     /// A namespace's current epoch (0 before the first bump).
     ///
     /// # Examples
@@ -265,7 +303,8 @@ impl<M: StateMachine> Engine<M> {
     }
 
     /// Advances a namespace's epoch to `new` (SPEC F1): the first step of a take-over. Refused
-    /// for a namespace this engine serves unfenced.
+    /// with [`InvalidArgument`](crate::Error::InvalidArgument) for a namespace declared
+    /// unfenced (by any engine, [`Engine::own_unfenced`]).
     ///
     /// # Examples
     ///
@@ -298,16 +337,6 @@ impl<M: StateMachine> Engine<M> {
     /// ```
     pub fn bump_epoch(&self, ns: &Namespace, new: u64) -> Result<()> {
         let _open = self.enter()?;
-        if self
-            .inner
-            .owners
-            .held(ns)
-            .is_some_and(|h| h.mode == Mode::Unfenced)
-        {
-            return Err(Error::invalid(format!(
-                "namespace {ns} is served unfenced, so it cannot be bumped; release it and adopt it fenced first"
-            )));
-        }
         self.inner.fence.bump_epoch(ns, new)
     }
 
@@ -342,6 +371,15 @@ impl<M: StateMachine> Engine<M> {
     pub fn revoke_step(&self, ns: &Namespace, budget: RevokeBudget) -> Result<RevokeProgress> {
         let _open = self.enter()?;
         self.inner.fence.revoke_step(ns, budget)
+    }
+
+    /// Test-only negative control (feature `test-hooks`): [`Engine::own_unfenced`] serves the
+    /// namespace unfenced without declaring it so in the store, as it did before, so tests can
+    /// show they catch the bump that then gets through.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn set_skip_unfenced_declaration_for_test(&self, skip: bool) {
+        self.inner.owners.set_skip_declaration(skip);
     }
 
     /// Declares a namespace's lease table recovered (SPEC F6).

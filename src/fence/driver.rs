@@ -4,7 +4,8 @@
 //!
 //! Drivers run on the pool given to [`Fence::set_pool`] (the engine passes its own), or on
 //! rayon's global pool if none was given. The fence keeps the cancel handle of every running
-//! driver, so [`Fence::stop_drivers`] can stop them all, bounded (SPEC R11).
+//! driver (revocations, and the background sweeper of `sweep.rs`), so [`Fence::stop_drivers`]
+//! can stop them all, bounded (SPEC R11).
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -260,6 +261,27 @@ impl Fence {
         true
     }
 
+    /// Counts a background driver as running, so that [`Fence::stop_drivers`] sends it a
+    /// message on `cancel` and waits for it. `None` once the drivers were stopped: the driver
+    /// must not start. A driver that got an id calls [`Fence::discharge_driver`] when it ends.
+    pub(super) fn enlist_driver(&self, cancel: Sender<()>) -> Option<u64> {
+        let mut running = self.inner.drivers.running.lock();
+        if running.stopped {
+            return None;
+        }
+        running.next += 1;
+        let id = running.next;
+        running.cancels.insert(id, cancel);
+        Some(id)
+    }
+
+    /// A driver enlisted as `id` has ended.
+    pub(super) fn discharge_driver(&self, id: u64) {
+        let drivers = &self.inner.drivers;
+        drivers.running.lock().cancels.remove(&id);
+        drivers.ended.notify_all();
+    }
+
     /// Starts a background revocation of the namespace on the fence's pool (SPEC F9).
     ///
     /// # Examples
@@ -292,17 +314,9 @@ impl Fence {
             cancel: cancel_tx.clone(),
             taken: Mutex::new(false),
         };
-        let drivers = &self.inner.drivers;
-        let id = {
-            let mut running = drivers.running.lock();
-            if running.stopped {
-                let _ = done_tx.send(Err(Error::Closed));
-                return handle;
-            }
-            running.next += 1;
-            let id = running.next;
-            running.cancels.insert(id, cancel_tx);
-            id
+        let Some(id) = self.enlist_driver(cancel_tx) else {
+            let _ = done_tx.send(Err(Error::Closed));
+            return handle;
         };
         let fence = self.clone();
         let ns = ns.clone();
@@ -322,11 +336,9 @@ impl Fence {
                     })
                 });
             let _ = done_tx.send(result);
-            let drivers = &fence.inner.drivers;
-            drivers.running.lock().cancels.remove(&id);
-            drivers.ended.notify_all();
+            fence.discharge_driver(id);
         };
-        match drivers.pool.read().as_ref() {
+        match self.inner.drivers.pool.read().as_ref() {
             Some(pool) => pool.spawn(task),
             None => rayon::spawn(task),
         }

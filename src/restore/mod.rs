@@ -60,6 +60,11 @@ pub use warm::{REFUSED_NAMED, Warm, WarmProgress};
 /// never contained.
 pub(crate) type OwedRepairs = Arc<dyn Fn(&Namespace) -> crate::Result<Arc<Vec<u64>>> + Send + Sync>;
 
+/// Answers the term of the namespace holding a deferral is accepted under (SPEC R8, F11):
+/// deferred rows are keyed by it, so rows of different owners never collide and sort in
+/// acceptance order. An error means the engine does not serve the namespace now.
+pub(crate) type DeferTerm = Arc<dyn Fn(&Namespace) -> crate::Result<u64> + Send + Sync>;
+
 /// What the restore unit needs to know about this incarnation.
 #[derive(Clone)]
 pub(crate) struct RestoreConfig {
@@ -69,6 +74,8 @@ pub(crate) struct RestoreConfig {
     pub incarnation: u64,
     /// The repairs owed to an entity's namespace; asked at the start of each unit.
     pub owed_repairs: OwedRepairs,
+    /// The term deferred rows of an entity's namespace are keyed by; asked per deferral.
+    pub defer_term: DeferTerm,
 }
 
 impl std::fmt::Debug for RestoreConfig {

@@ -26,6 +26,7 @@ mod recovery;
 mod segments;
 mod verify;
 mod vfs;
+mod window;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
