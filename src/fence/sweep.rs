@@ -46,6 +46,7 @@ pub struct SweepReport {
 
 /// What one pass of the background sweeper did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SweepPass {
     /// Namespaces swept.
     pub namespaces: u64,
