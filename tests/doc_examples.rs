@@ -21,6 +21,7 @@ const CHECKED: &[&str] = &[
     "Warm",
     "Fence",
     "RevocationHandle",
+    "SweeperHandle",
 ];
 
 /// A public function of a checked type whose doc comment has no example.

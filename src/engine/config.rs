@@ -765,20 +765,25 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// # Examples
     ///
     /// ```
-    /// use portcullis::typed::{Typed, TypedMachine};
-    /// use portcullis::{Engine, EntityId, Rejection};
-    /// struct Count;
-    /// impl TypedMachine for Count {
-    ///     type Record = (); type State = u64;
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
     ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    ///     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
     /// }
-    /// let engine = Engine::builder(Typed(Count))
-    ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
-    ///     .sweep_expired_leases(false) // something else sweeps
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .sweep_expired_leases(false) // sweep with Fence::sweep_step instead
     ///     .open()?;
     /// assert!(engine.sweeper().is_none());
-    /// # Ok::<(), portcullis::Error>(())
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn sweep_expired_leases(mut self, sweep: bool) -> Self {
         self.sweep_expired_leases = sweep;
@@ -791,20 +796,25 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// # Examples
     ///
     /// ```
-    /// use portcullis::typed::{Typed, TypedMachine};
-    /// use portcullis::{Engine, EntityId, Rejection};
-    /// struct Count;
-    /// impl TypedMachine for Count {
-    ///     type Record = (); type State = u64;
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
     ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    ///     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
     /// }
-    /// let engine = Engine::builder(Typed(Count))
-    ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
     ///     .sweep_interval(std::time::Duration::from_secs(10))
     ///     .open()?;
-    /// assert_eq!(engine.sweeper().unwrap().interval().as_secs(), 10);
-    /// # Ok::<(), portcullis::Error>(())
+    /// assert_eq!(engine.sweeper().expect("on by default").interval().as_secs(), 10);
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn sweep_interval(mut self, interval: std::time::Duration) -> Self {
         self.sweep_interval = interval;

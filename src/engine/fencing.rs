@@ -87,12 +87,10 @@ impl<M: StateMachine> Engine<M> {
     /// # fn main() -> portcullis::Result<()> {
     /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     /// let ns = Namespace::new("jobs")?;
-    /// let engine = Engine::builder(Typed(Total)).store(store.clone()).adopt_on_first_use(false).open()?;
-    /// engine.own_unfenced(&ns)?; // this engine alone ever serves it
-    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
-    /// engine.register(&job)?;
-    /// let other = Engine::builder(Typed(Total)).store(store).owner("other").open()?;
-    /// assert!(other.bump_epoch(&ns, 1).is_err(), "no engine can bump it");
+    /// let a = Engine::builder(Typed(Total)).store(store.clone()).owner("a").open()?;
+    /// let b = Engine::builder(Typed(Total)).store(store).owner("b").open()?;
+    /// a.own_unfenced(&ns)?; // a alone ever serves it
+    /// assert!(b.bump_epoch(&ns, 1).is_err(), "no engine can bump it");
     /// # Ok(())
     /// # }
     /// ```
@@ -247,22 +245,26 @@ impl<M: StateMachine> Engine<M> {
     /// # Examples
     ///
     /// ```
-    /// use portcullis::typed::{Typed, TypedMachine};
-    /// use portcullis::{Engine, EntityId, Rejection};
-    /// struct Count;
-    /// impl TypedMachine for Count {
-    ///     type Record = (); type State = u64;
+    /// use std::sync::Arc;
+    /// use portcullis::store::{MemoryStore, Store};
+    /// use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
     ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    ///     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
     /// }
-    /// let engine = Engine::builder(Typed(Count))
-    ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
-    ///     .open()?;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let ns = Namespace::new("jobs")?;
+    /// let engine = Engine::builder(Typed(Total)).store(store).adopt_on_first_use(false).open()?;
     /// let sweeper = engine.sweeper().expect("on by default");
-    /// // A pass now, rather than at the next interval: nothing has expired yet.
-    /// let report = sweeper.sweep_now(std::time::Duration::from_secs(10)).expect("a pass within 10 s");
-    /// assert_eq!(report.deleted, 0);
-    /// # Ok::<(), portcullis::Error>(())
+    /// println!("{} sweeps so far, every {:?}", sweeper.passes(), sweeper.interval());
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn sweeper(&self) -> Option<&SweeperHandle> {
         self.inner.sweeper.as_ref()

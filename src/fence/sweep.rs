@@ -47,6 +47,7 @@ pub struct SweepReport {
 
 /// What one pass of the background sweeper did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SweepPass {
     /// Namespaces swept.
     pub namespaces: u64,
@@ -113,27 +114,150 @@ impl Status {
 
 impl SweeperHandle {
     /// The time between passes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new())?; // leaves a leased-shard row
+    /// let sweep = ns.clone();
+    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![sweep.clone()]))?;
+    /// assert_eq!(sweeper.interval(), Duration::from_secs(60));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn interval(&self) -> Duration {
         self.shared.interval
     }
 
     /// Passes completed so far.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new())?; // leaves a leased-shard row
+    /// let sweep = ns.clone();
+    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![sweep.clone()]))?;
+    /// let before = sweeper.passes();
+    /// sweeper.sweep_now(Duration::from_secs(10));
+    /// assert!(sweeper.passes() > before);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn passes(&self) -> u64 {
         self.shared.status.state.lock().passes
     }
 
     /// What the last completed pass did, if one completed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new())?; // leaves a leased-shard row
+    /// let sweep = ns.clone();
+    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![sweep.clone()]))?;
+    /// sweeper.sweep_now(Duration::from_secs(10));
+    /// let pass = sweeper.last_pass().expect("one pass ran");
+    /// assert_eq!((pass.namespaces, pass.failed), (1, 0));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn last_pass(&self) -> Option<SweepPass> {
         self.shared.status.state.lock().last
     }
 
     /// Whether the sweeper still runs.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new())?; // leaves a leased-shard row
+    /// let sweep = ns.clone();
+    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![sweep.clone()]))?;
+    /// assert!(sweeper.is_running());
+    /// sweeper.stop(Duration::from_secs(10));
+    /// assert!(!sweeper.is_running());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn is_running(&self) -> bool {
         !self.shared.status.state.lock().ended
     }
 
     /// Runs a pass now (without waiting for the interval) and waits up to `timeout` for it;
     /// `None` if the sweeper has ended or the pass did not finish in time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new())?; // leaves a leased-shard row
+    /// let sweep = ns.clone();
+    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![sweep.clone()]))?;
+    /// clock.advance(30_000); // the lease expires
+    /// let pass = sweeper.sweep_now(Duration::from_secs(10)).expect("a pass within 10 s");
+    /// assert_eq!(pass.deleted, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn sweep_now(&self, timeout: Duration) -> Option<SweepPass> {
         let (reply, answer) = channel::bounded(1);
         if !self.is_running() || self.shared.kick.send(reply).is_err() {
@@ -144,6 +268,30 @@ impl SweeperHandle {
 
     /// Waits up to `timeout` until at least `passes` passes have completed; answers whether
     /// they have. Returns early (false) if the sweeper ends first.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new())?; // leaves a leased-shard row
+    /// let sweep = ns.clone();
+    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![sweep.clone()]))?;
+    /// sweeper.sweep_now(Duration::from_secs(10));
+    /// assert!(sweeper.wait_for_passes(1, Duration::from_secs(10)));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn wait_for_passes(&self, passes: u64, timeout: Duration) -> bool {
         self.shared
             .status
@@ -153,6 +301,29 @@ impl SweeperHandle {
 
     /// Stops the sweeper after the row it is deleting and waits up to `timeout` for it to end;
     /// answers whether it ended.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new())?; // leaves a leased-shard row
+    /// let sweep = ns.clone();
+    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![sweep.clone()]))?;
+    /// assert!(sweeper.stop(Duration::from_secs(10))); // stopped within 10 s
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stop(&self, timeout: Duration) -> bool {
         let _ = self.shared.cancel.try_send(());
         self.shared.status.wait(timeout, |s| s.ended)
@@ -253,17 +424,26 @@ impl Fence {
     /// # Examples
     ///
     /// ```
-    /// use std::{sync::Arc, time::Duration};
-    /// use portcullis::{EntityId, ManualClock, store::{Batch, MemoryStore}, fence::*};
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
     /// let clock = Arc::new(ManualClock::new(0));
-    /// let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock.clone(), FenceConfig::default());
-    /// let e = EntityId::new("ns", "e").unwrap();
-    /// fence.write(&e, 0, Batch::new()).unwrap();
-    /// let ns = e.namespace().clone();
-    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![ns.clone()])).unwrap();
-    /// clock.advance(30_000);
-    /// assert_eq!(sweeper.sweep_now(Duration::from_secs(10)).unwrap().deleted, 1);
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new())?; // leaves a leased-shard row
+    /// let sweep = ns.clone();
+    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![sweep.clone()]))?;
+    /// clock.advance(30_000); // the lease expires
+    /// assert_eq!(sweeper.sweep_now(Duration::from_secs(10)).expect("swept").deleted, 1);
     /// assert!(sweeper.stop(Duration::from_secs(10)));
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn sweep_in_background(
         &self,
