@@ -107,6 +107,10 @@
 // Flag: opening starts a background warm (default false).
 #define PC_WARM_ON_OPEN 3
 
+// Flag: a sweeper thread deletes expired leased-shard rows of the namespaces this engine
+// serves (SPEC F9; default true).
+#define PC_SWEEP_EXPIRED_LEASES 4
+
 // Number (`pc_engine_options_number`): threads in the engine's pool (default: the cores
 // available).
 #define PC_POOL_THREADS 0
@@ -124,6 +128,9 @@
 // Number: how long close waits for the warm, drivers and calls in flight, in ms (default
 // 30,000).
 #define PC_CLOSE_TIMEOUT_MS 4
+
+// Number: how often the lease sweeper runs, in ms (at least 1).
+#define PC_SWEEP_INTERVAL_MS 5
 
 // Origin of a record being applied: stored history folded again (suppress side effects).
 #define PC_ORIGIN_REPLAY 0

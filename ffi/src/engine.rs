@@ -43,6 +43,8 @@ pub struct pc_engine_options {
     truncate_after_checkpoint: Option<bool>,
     warm_on_open: Option<bool>,
     close_timeout_ms: Option<u64>,
+    sweep_expired_leases: Option<bool>,
+    sweep_interval_ms: Option<u64>,
     fence: Option<FenceConfig>,
 }
 
@@ -274,6 +276,9 @@ pub const PC_REGISTER_ON_FIRST_WRITE: u32 = 1;
 pub const PC_TRUNCATE_AFTER_CHECKPOINT: u32 = 2;
 /// Flag: opening starts a background warm (default false).
 pub const PC_WARM_ON_OPEN: u32 = 3;
+/// Flag: a sweeper thread deletes expired leased-shard rows of the namespaces this engine
+/// serves (SPEC F9; default true).
+pub const PC_SWEEP_EXPIRED_LEASES: u32 = 4;
 
 /// Sets a boolean option (`PC_ADOPT_ON_FIRST_USE` ...); an unknown flag answers `PC_INVALID_ARGUMENT`.
 ///
@@ -291,6 +296,7 @@ pub unsafe extern "C" fn pc_engine_options_flag(
             PC_REGISTER_ON_FIRST_WRITE => &mut o.register_on_first_write,
             PC_TRUNCATE_AFTER_CHECKPOINT => &mut o.truncate_after_checkpoint,
             PC_WARM_ON_OPEN => &mut o.warm_on_open,
+            PC_SWEEP_EXPIRED_LEASES => &mut o.sweep_expired_leases,
             other => return Err(invalid("flag", &format!("{other} is not a PC_* flag"))),
         };
         *slot = Some(on);
@@ -311,6 +317,8 @@ pub const PC_CHECKPOINT_TAIL_BOUND: u32 = 3;
 /// Number: how long close waits for the warm, drivers and calls in flight, in ms (default
 /// 30,000).
 pub const PC_CLOSE_TIMEOUT_MS: u32 = 4;
+/// Number: how often the lease sweeper runs, in ms (at least 1).
+pub const PC_SWEEP_INTERVAL_MS: u32 = 5;
 
 /// Sets a numeric option (`PC_POOL_THREADS` ...); zero where at least 1 is needed is refused by
 /// `pc_engine_open`; an unknown option answers `PC_INVALID_ARGUMENT`.
@@ -331,6 +339,7 @@ pub unsafe extern "C" fn pc_engine_options_number(
             PC_CHECKPOINT_EVERY => o.checkpoint_every = Some(value),
             PC_CHECKPOINT_TAIL_BOUND => o.checkpoint_tail_bound = Some(value),
             PC_CLOSE_TIMEOUT_MS => o.close_timeout_ms = Some(value),
+            PC_SWEEP_INTERVAL_MS => o.sweep_interval_ms = Some(value),
             other => {
                 return Err(invalid(
                     "option",
@@ -417,6 +426,12 @@ fn open(o: &pc_engine_options, machine: CMachine) -> Result<Engine<CMachine>, Er
     }
     if let Some(ms) = o.close_timeout_ms {
         b = b.close_timeout(Duration::from_millis(ms));
+    }
+    if let Some(v) = o.sweep_expired_leases {
+        b = b.sweep_expired_leases(v);
+    }
+    if let Some(ms) = o.sweep_interval_ms {
+        b = b.sweep_interval(Duration::from_millis(ms));
     }
     if let Some(config) = o.fence {
         b = b.fence_config(config);
