@@ -19,11 +19,13 @@ thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
-/// A test-only switch that turns the panic catch off, so a test can show the boundary is
-/// what keeps a panic from crossing it (the negative control of [`boundary`]).
 #[cfg(test)]
-pub(crate) static CATCH_PANICS: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(true);
+thread_local! {
+    /// A test-only switch (per thread, so parallel tests do not see it) that turns the panic
+    /// catch off, so a test can show the boundary is what keeps a panic from crossing it (the
+    /// negative control of [`boundary`]).
+    pub(crate) static CATCH_PANICS: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
 
 fn set_last_error(message: String) {
     LAST_ERROR.with(|last| *last.borrow_mut() = message);
@@ -34,7 +36,7 @@ fn set_last_error(message: String) {
 /// that returns a code calls this exactly once.
 pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Error>) -> u32 {
     #[cfg(test)]
-    if !CATCH_PANICS.load(std::sync::atomic::Ordering::Relaxed) {
+    if !CATCH_PANICS.with(std::cell::Cell::get) {
         return match body() {
             Ok(()) => PC_OK,
             Err(e) => fail(e),
@@ -281,7 +283,6 @@ pub extern "C" fn pc_error_name(code: u32) -> *const c_char {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
 
     fn last_message() -> String {
         let mut buf = [0 as c_char; 512];
@@ -306,9 +307,9 @@ mod tests {
     /// (here it reaches this test's own catch instead of becoming a code).
     #[test]
     fn without_the_catch_the_panic_escapes() {
-        CATCH_PANICS.store(false, Ordering::Relaxed);
+        CATCH_PANICS.with(|c| c.set(false));
         let escaped = std::panic::catch_unwind(|| boundary(|| panic!("boom")));
-        CATCH_PANICS.store(true, Ordering::Relaxed);
+        CATCH_PANICS.with(|c| c.set(true));
         assert!(escaped.is_err(), "the panic must escape without the catch");
     }
 
