@@ -9,6 +9,11 @@ import threading
 
 from .errors import Closed
 
+# Test-only switches: a hook called when `free` starts waiting for calls in flight, and a
+# negative control that frees at once without waiting.
+_TEST_ON_WAIT = None
+_TEST_FREE_WITHOUT_WAITING = False
+
 
 class Handle:
     def __init__(self, ptr, free, what):
@@ -29,7 +34,9 @@ class Handle:
             if self._freed:
                 return False
             self._freed = True
-            while self._users:
+            while self._users and not _TEST_FREE_WITHOUT_WAITING:
+                if _TEST_ON_WAIT is not None:
+                    _TEST_ON_WAIT()
                 self._idle.wait()
             ptr, self._ptr = self._ptr, None
         self._free(ptr)

@@ -3,6 +3,7 @@ write with a decision, read, checkpoint, close; a restart with lazy restore, def
 a warm with progress; refusals and the context manager."""
 
 import struct
+import threading
 
 from support import TIMEOUT, Counter, TempDirTest, record, small
 
@@ -103,3 +104,30 @@ class EngineTest(TempDirTest):
             portcullis.Engine.open(machine, self.dir, pool_threads=0)
         with self.assertRaises(TypeError):
             portcullis.Engine.open(object(), self.dir)
+
+    def test_closing_while_threads_write_ends_each_call_in_success_or_closed(self):
+        engine = small(Counter(), self.dir, register_on_first_write=True)
+        started = threading.Barrier(5)
+        outcomes = []
+
+        def writer(w):
+            started.wait(TIMEOUT)
+            for r in range(1000):
+                try:
+                    engine.append("acct", f"w{w}", [record(1)])
+                except portcullis.Closed:
+                    outcomes.append("closed")
+                    return
+            outcomes.append("done")
+
+        threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(4)]
+        for t in threads:
+            t.start()
+        started.wait(TIMEOUT)
+        engine.close()
+        for t in threads:
+            t.join(TIMEOUT)
+        self.assertEqual([t.is_alive() for t in threads], [False] * 4, "a writer hung")
+        self.assertEqual(len(outcomes), 4)
+        self.assertTrue(engine._bridge.destroyed.is_set())
+        engine.close()  # closing twice is harmless
