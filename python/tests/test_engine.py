@@ -131,3 +131,39 @@ class EngineTest(TempDirTest):
         self.assertEqual(len(outcomes), 4)
         self.assertTrue(engine._bridge.destroyed.is_set())
         engine.close()  # closing twice is harmless
+
+    def test_every_option_reaches_the_engine(self):
+        fence = {
+            "epoch_lease_ms": 30_000,
+            "lease_margin_ms": 5_000,
+            "min_lease_budget_ms": 1_000,
+            "max_apply_window_ms": 10_000,
+        }
+        with small(
+            Counter(),
+            self.dir,
+            owner="me",
+            own=["fenced"],
+            own_unfenced=["free"],
+            register_on_first_write=True,
+            truncate_after_checkpoint=True,
+            checkpoint_every=2,
+            checkpoint_tail_bound=100,
+            warm_parallelism=2,
+            sync="never",
+            fence=fence,
+        ) as engine:
+            for ns in ("fenced", "free"):
+                engine.append(ns, b"x", [record(1), record(2), record(3)])
+            self.assertGreaterEqual(engine.current_epoch("fenced"), 0)
+            with self.assertRaises(portcullis.InvalidArgument):
+                engine.bump_epoch("free", 1)  # declared unfenced
+        with small(Counter(), self.dir, owner="me", warm_on_open=True) as engine:
+            with engine.warm() as warm:  # joins the warm that opening started
+                self.assertTrue(warm.wait(TIMEOUT))
+            self.assertEqual(engine.stats().pending, 0)
+            self.assertEqual(engine.state("fenced", b"x")["sum"], 6)
+        with self.assertRaises(ValueError):
+            small(Counter(), self.dir, sync="sometimes")
+        with self.assertRaises(portcullis.InvalidArgument):
+            small(Counter(), self.dir, fence=dict(fence, lease_margin_ms=0))
