@@ -25,10 +25,11 @@ use crate::error::{Error, Result};
 /// ```
 /// use std::time::Duration;
 /// use portcullis::fence::DriverLimits;
-/// let limits = DriverLimits { max_idle_slices: 16, idle_pause: Duration::ZERO, ..DriverLimits::default() };
+/// let limits = DriverLimits::default().with_max_idle_slices(16).with_idle_pause(Duration::ZERO);
 /// assert_eq!(limits.max_idle_slices, 16);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DriverLimits {
     /// The budget of each slice.
     pub budget: RevokeBudget,
@@ -40,6 +41,32 @@ pub struct DriverLimits {
     /// How long the driver pauses (real time) after a slice that made no progress, so a
     /// recovery hold-off is waited out without spinning. Default 10 ms.
     pub idle_pause: Duration,
+}
+
+impl DriverLimits {
+    /// The same limits with this budget for each slice.
+    pub fn with_budget(mut self, budget: RevokeBudget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The same limits with at most this many slices.
+    pub fn with_max_slices(mut self, slices: u64) -> Self {
+        self.max_slices = slices;
+        self
+    }
+
+    /// The same limits with at most this many consecutive slices without progress.
+    pub fn with_max_idle_slices(mut self, slices: u64) -> Self {
+        self.max_idle_slices = slices;
+        self
+    }
+
+    /// The same limits with this pause after a slice that made no progress.
+    pub fn with_idle_pause(mut self, pause: Duration) -> Self {
+        self.idle_pause = pause;
+        self
+    }
 }
 
 impl Default for DriverLimits {
@@ -55,6 +82,7 @@ impl Default for DriverLimits {
 
 /// How a background revocation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DriverReport {
     /// Slices run.
     pub slices: u64,

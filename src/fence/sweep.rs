@@ -34,6 +34,7 @@ const BACKGROUND_MAX_PAGES: usize = 1024;
 
 /// What one sweep step did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SweepReport {
     /// Rows deleted.
     pub deleted: u64,
