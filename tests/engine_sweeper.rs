@@ -66,8 +66,9 @@ fn f9_the_engine_sweeps_expired_lease_rows_in_the_background_by_default() {
         .sweep_interval(Duration::from_millis(1))
         .open()
         .unwrap();
-    let sweeper = engine.sweeper().expect("on by default").clone();
+    assert!(engine.sweeper().is_none(), "no namespace served yet");
     write_entities(&engine, 10);
+    let sweeper = engine.sweeper().expect("on by default").clone();
     assert_eq!(shard_rows(&engine, &s.store), 10);
     // Passes before the leases expire delete nothing.
     let passes = sweeper.passes();
@@ -91,12 +92,12 @@ fn f9_the_engine_sweeps_expired_lease_rows_in_the_background_by_default() {
 fn f9_the_default_interval_and_a_pass_on_demand() {
     let s = setup();
     let engine = builder(&s.machine, &s.store).open().unwrap();
+    write_entities(&engine, 3);
     let sweeper = engine.sweeper().unwrap();
     assert_eq!(
         sweeper.interval(),
         portcullis::engine::DEFAULT_SWEEP_INTERVAL
     );
-    write_entities(&engine, 3);
     s.clock.advance(EXPIRE_MS);
     let pass = sweeper.sweep_now(WAIT).expect("a pass ran");
     assert_eq!((pass.namespaces, pass.deleted, pass.unfinished), (1, 3, 0));
@@ -119,6 +120,20 @@ fn f9_with_the_sweeper_off_expired_rows_stay() {
 }
 
 #[test]
+fn f9_an_engine_serving_only_unfenced_namespaces_runs_no_sweeper() {
+    // An unfenced namespace has no leased-shard rows: an application that never hands over
+    // pays for no sweeper. The first fenced namespace starts it.
+    let s = setup();
+    let engine = builder(&s.machine, &s.store)
+        .own_unfenced(Namespace::new("local").unwrap())
+        .open()
+        .unwrap();
+    assert!(engine.sweeper().is_none());
+    engine.own(&ns()).unwrap();
+    assert!(engine.sweeper().expect("started").is_running());
+}
+
+#[test]
 fn f9_a_zero_sweep_interval_is_refused() {
     let s = setup();
     let err = builder(&s.machine, &s.store)
@@ -136,6 +151,7 @@ fn r11_close_stops_the_sweeper_promptly() {
     let s = setup();
     let engine = builder(&s.machine, &s.store)
         .sweep_interval(Duration::from_secs(3_600))
+        .own(ns())
         .open()
         .unwrap();
     let sweeper = engine.sweeper().unwrap().clone();
@@ -174,8 +190,8 @@ impl FenceHooks for HoldDeletes {
 fn r11_a_stopped_sweeper_ends_after_the_row_it_is_deleting() {
     let s = setup();
     let engine = builder(&s.machine, &s.store).open().unwrap();
-    let sweeper = engine.sweeper().unwrap().clone();
     write_entities(&engine, 20);
+    let sweeper = engine.sweeper().unwrap().clone();
     s.clock.advance(EXPIRE_MS);
     let (reached_tx, reached) = channel::unbounded();
     let (go, go_rx) = channel::unbounded();

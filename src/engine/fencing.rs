@@ -237,9 +237,11 @@ impl<M: StateMachine> Engine<M> {
         &self.inner.fence
     }
 
-    /// The background sweeper of expired leased-shard rows (SPEC F9), unless it was turned off
-    /// with [`EngineBuilder::sweep_expired_leases`](super::EngineBuilder::sweep_expired_leases).
-    /// It sweeps every namespace this engine serves, every
+    /// The background sweeper of expired leased-shard rows (SPEC F9). It starts when this
+    /// engine first serves a fenced namespace (so `None` before that, and for an engine that
+    /// serves only unfenced ones), unless it was turned off with
+    /// [`EngineBuilder::sweep_expired_leases`](super::EngineBuilder::sweep_expired_leases). It
+    /// sweeps every namespace this engine serves, every
     /// [`sweep_interval`](super::EngineBuilder::sweep_interval); `close` stops it.
     ///
     /// # Examples
@@ -267,7 +269,7 @@ impl<M: StateMachine> Engine<M> {
     /// # }
     /// ```
     pub fn sweeper(&self) -> Option<&SweeperHandle> {
-        self.inner.sweeper.as_ref()
+        self.inner.sweeper.get()
     }
 
     /// A namespace's current epoch (0 before the first bump).

@@ -20,7 +20,7 @@ mod settle;
 mod stats;
 mod write;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -92,8 +92,9 @@ struct Inner<M: StateMachine> {
     checkpoint_every: Option<u64>,
     /// The epoch fence every write commits through (SPEC F2, F3).
     fence: Fence,
-    /// The expired-lease sweeper over the namespaces this engine serves, unless turned off.
-    sweeper: Option<SweeperHandle>,
+    /// The expired-lease sweeper over the namespaces this engine serves, started at the first
+    /// fenced adoption unless turned off.
+    sweeper: Arc<OnceLock<SweeperHandle>>,
     /// Calls in flight and whether close began (SPEC R11).
     lifecycle: lifecycle::Lifecycle,
     /// How long `close` waits for the warm, drivers and calls in flight.
@@ -183,19 +184,31 @@ impl<M: StateMachine> Engine<M> {
         );
         // Background revocation runs on the engine's pool, and close stops it (SPEC R11).
         fence.set_pool(Arc::clone(&pool));
-        // Expired leased-shard rows are swept in the background, so they never pile up; close
-        // stops the sweeper with the other drivers.
-        let sweeper = if config.sweep_expired_leases {
-            let owners = Arc::downgrade(&owners);
-            let served = move || {
-                owners.upgrade().map_or_else(Vec::new, |o| {
-                    o.all_held().into_iter().map(|(ns, _)| ns).collect()
-                })
-            };
-            Some(fence.sweep_in_background(config.sweep_interval, Box::new(served))?)
-        } else {
-            None
-        };
+        // Expired leased-shard rows are swept in the background, so they never pile up: the
+        // sweeper starts when the engine first serves a fenced namespace (one that serves only
+        // unfenced namespaces has no rows, and runs none); close stops it with the drivers.
+        let sweeper = Arc::new(OnceLock::new());
+        if config.sweep_expired_leases {
+            let (slot, fence) = (Arc::clone(&sweeper), fence.clone());
+            let (held, interval) = (Arc::downgrade(&owners), config.sweep_interval);
+            owners.set_on_adopt(Box::new(move |mode| {
+                if mode != owner::Mode::Fenced || slot.get().is_some() {
+                    return;
+                }
+                let held = held.clone();
+                let served = move || {
+                    held.upgrade().map_or_else(Vec::new, |o| {
+                        o.all_held().into_iter().map(|(ns, _)| ns).collect()
+                    })
+                };
+                match fence.sweep_in_background(interval, Box::new(served)) {
+                    Ok(handle) => {
+                        let _ = slot.set(handle);
+                    }
+                    Err(e) => ::log::warn!("the expired-lease sweeper did not start: {e}"),
+                }
+            }));
+        }
         ::log::info!(
             "engine open: owner {:?}, incarnation {}; entities restore on first touch",
             config.owner,

@@ -96,6 +96,9 @@ enum Status {
 /// restored under the old holding may be stale.
 pub(crate) type OnReadopt = Box<dyn Fn(&Namespace) + Send + Sync>;
 
+/// Called after each adoption, with its mode.
+pub(crate) type OnAdopt = Box<dyn Fn(Mode) + Send + Sync>;
+
 /// The namespaces this engine serves.
 pub(crate) struct Owners {
     store: Arc<dyn Store>,
@@ -106,6 +109,7 @@ pub(crate) struct Owners {
     map: RwLock<HashMap<Namespace, Holding>>,
     adopting: Mutex<()>,
     on_readopt: OnceLock<OnReadopt>,
+    on_adopt: OnceLock<OnAdopt>,
     /// Test-only negative control: see `set_skip_declaration`.
     skip_declaration: std::sync::atomic::AtomicBool,
 }
@@ -127,12 +131,17 @@ impl Owners {
             map: RwLock::new(HashMap::new()),
             adopting: Mutex::new(()),
             on_readopt: OnceLock::new(),
+            on_adopt: OnceLock::new(),
             skip_declaration: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     pub(crate) fn set_on_readopt(&self, f: OnReadopt) {
         let _ = self.on_readopt.set(f);
+    }
+
+    pub(crate) fn set_on_adopt(&self, f: OnAdopt) {
+        let _ = self.on_adopt.set(f);
     }
 
     pub(crate) fn owner(&self) -> &str {
@@ -344,6 +353,9 @@ impl Owners {
                 && let Some(f) = self.on_readopt.get()
             {
                 f(ns);
+            }
+            if let Some(f) = self.on_adopt.get() {
+                f(mode);
             }
             return Ok(epoch);
         }
