@@ -8,11 +8,17 @@ use super::Engine;
 use crate::entity::EntityId;
 use crate::error::{Error, Result};
 use crate::log::{self, Guarded, MAX_RECORD_BYTES};
-use crate::restore::{ApplyContext, Containment, Deferral, Origin, ReasonKind, StateMachine};
+use std::sync::Arc;
+
+use super::settle::store_did_not_know;
+use crate::restore::{
+    ApplyContext, Containment, Deferral, Loaded, Origin, ReasonKind, Slot, StateMachine, Unsettled,
+};
 use crate::store::{Batch, Outcome, Store};
 
 /// What a write did.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Written<T> {
     /// The sequence numbers the records got; `None` when the application decided to write
     /// nothing.
@@ -98,6 +104,8 @@ impl<M: StateMachine> Engine<M> {
         let mut contained = None;
         let mut appended_report = None;
         let written = self.with_loaded(&slot, |loaded| {
+            // A write whose answer was lost is settled before anything is decided on this state.
+            self.settle(entity, &slot, loaded, &mut contained)?;
             let decide = decide.take().expect("called once");
             let (records, value) = decide(&loaded.state);
             if records.is_empty() {
@@ -134,38 +142,37 @@ impl<M: StateMachine> Engine<M> {
                     });
                 }
                 Err(e) => {
+                    // The store failed, possibly after the batch committed: settle it by
+                    // reading the head rather than guess (see `settle`).
                     unsure.disarm();
+                    let unsettled = Unsettled {
+                        head_if_committed: prepared.appended.head.head,
+                        first_seq: prepared.appended.first_seq,
+                        records: records.clone(),
+                    };
+                    let committed =
+                        self.settle_failed_write(entity, &slot, loaded, unsettled, &mut contained)?;
+                    if committed && store_did_not_know(&e) {
+                        let appended = &prepared.appended;
+                        return Ok(Written {
+                            seqs: Some(appended.first_seq..=appended.last_seq),
+                            value,
+                        });
+                    }
                     return Err(e);
                 }
             };
             loaded.head = appended.head.clone();
             let bytes: usize = records.iter().map(Vec::len).sum();
-            for (i, record) in records.iter().enumerate() {
-                let seq = appended.first_seq + i as u64;
-                let machine = restorer.machine();
-                let ctx = ApplyContext::new(entity, seq, Origin::Live);
-                let folded = catch_unwind(AssertUnwindSafe(|| {
-                    machine.apply(&mut loaded.state, &ctx, record)
-                }));
-                let reason = match folded {
-                    Ok(Ok(())) => continue,
-                    Ok(Err(r)) => Containment::new(
-                        ReasonKind::ApplyRefusal,
-                        format!("record {seq} was appended but apply refused it: {r}"),
-                    ),
-                    Err(payload) => Containment::from_panic(
-                        &format!("apply of written record {seq}"),
-                        &*payload,
-                    ),
-                };
-                // The record is durable but the state could not fold it: the state can no
-                // longer be trusted, and a restore would meet the same record.
-                unsure.disarm();
-                let (error, reason) = restorer.contain_restored(&slot, reason);
-                contained = Some(reason);
-                return Err(error);
-            }
             unsure.disarm();
+            self.fold_written(
+                entity,
+                &slot,
+                loaded,
+                appended.first_seq,
+                &records,
+                &mut contained,
+            )?;
             appended_report = Some((records.len() as u64, bytes as u64));
             checkpoint_due = self.checkpoint_due(&loaded.head.head);
             Ok(Written {
@@ -184,6 +191,49 @@ impl<M: StateMachine> Engine<M> {
             self.checkpoint_after_write(entity);
         }
         Ok(written)
+    }
+
+    /// Folds records the log now holds into the loaded state. A record that apply refuses or
+    /// panics on contains the entity: it is durable, the state cannot fold it, and a restore
+    /// would meet the same record. Runs under the state lock; `contained` is reported by the
+    /// caller once the lock is released.
+    pub(super) fn fold_written(
+        &self,
+        entity: &EntityId,
+        slot: &Arc<Slot<M::State>>,
+        loaded: &mut Loaded<M::State>,
+        first_seq: u64,
+        records: &[Vec<u8>],
+        contained: &mut Option<Arc<Containment>>,
+    ) -> Result<()> {
+        let restorer = &self.inner.restorer;
+        // Armed until every record is folded: an unwind out of here leaves nobody able to
+        // tell what the state holds, so the guard fails the entity closed (SPEC R5).
+        let unsure = Unsure::arm(restorer, slot);
+        for (i, record) in records.iter().enumerate() {
+            let seq = first_seq + i as u64;
+            let machine = restorer.machine();
+            let ctx = ApplyContext::new(entity, seq, Origin::Live);
+            let folded = catch_unwind(AssertUnwindSafe(|| {
+                machine.apply(&mut loaded.state, &ctx, record)
+            }));
+            let reason = match folded {
+                Ok(Ok(())) => continue,
+                Ok(Err(r)) => Containment::new(
+                    ReasonKind::ApplyRefusal,
+                    format!("record {seq} was appended but apply refused it: {r}"),
+                ),
+                Err(payload) => {
+                    Containment::from_panic(&format!("apply of written record {seq}"), &*payload)
+                }
+            };
+            unsure.disarm();
+            let (error, reason) = restorer.contain_restored(slot, reason);
+            *contained = Some(reason);
+            return Err(error);
+        }
+        unsure.disarm();
+        Ok(())
     }
 
     /// Appends records as they are (SPEC L1). Returns their sequence numbers.

@@ -69,6 +69,7 @@ pub enum Deferral {
 
 /// Counts of entities by phase.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PhaseCounts {
     /// Registered entities.
     pub entities: u64,
@@ -122,11 +123,6 @@ impl<M: StateMachine> Restorer<M> {
     /// The application's state machine.
     pub fn machine(&self) -> &M {
         &self.machine
-    }
-
-    /// The store.
-    pub fn store(&self) -> &dyn Store {
-        &*self.store
     }
 
     /// The metrics hook, if any.

@@ -39,10 +39,25 @@ pub struct Loaded<S> {
     pub state: S,
     /// The head of the log as last written or read; the next write is guarded on it.
     pub head: HeadSnapshot,
+    /// A write whose answer was lost (the store returned an error, so it may or may not have
+    /// committed); the next write to the entity reads the head to settle it first.
+    pub(crate) unsettled: Option<Unsettled>,
+}
+
+/// A head-guarded write whose outcome the engine does not know.
+#[derive(Debug)]
+pub(crate) struct Unsettled {
+    /// The head the log has if the write committed.
+    pub(crate) head_if_committed: crate::log::LogHead,
+    /// The records it appended (none for a checkpoint or a truncation), from this sequence
+    /// number on.
+    pub(crate) first_seq: u64,
+    pub(crate) records: Vec<Vec<u8>>,
 }
 
 /// What one restore unit did (SPEC R9).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UnitReport {
     /// The checkpoint restore started from, if any.
     pub checkpoint_seq: Option<u64>,
@@ -166,7 +181,14 @@ pub(crate) fn run<M: StateMachine>(
         head = unit.publish_checkpoint(&state, head, &mut report)?;
     }
     report.elapsed = started.elapsed();
-    Ok((Loaded { state, head }, report))
+    Ok((
+        Loaded {
+            state,
+            head,
+            unsettled: None,
+        },
+        report,
+    ))
 }
 
 /// Calls into the application, turning a panic into a named containment.

@@ -147,6 +147,9 @@ pub struct TestStore {
     pub inner: MemoryStore,
     pub fail_reads_of: Mutex<Option<Partition>>,
     pub fail_writes_of: Mutex<Option<Partition>>,
+    /// Batches on this partition commit, then answer an error as if the answer was lost on the
+    /// way back (`OutcomeUnknown`, as a timed-out etcd request does).
+    pub lose_answers_of: Mutex<Option<Partition>>,
     pub entity_reads: AtomicU64,
     /// Every call of any kind (reads, batches, listings).
     pub calls: AtomicU64,
@@ -174,6 +177,7 @@ impl TestStore {
             inner,
             fail_reads_of: Mutex::new(None),
             fail_writes_of: Mutex::new(None),
+            lose_answers_of: Mutex::new(None),
             entity_reads: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             fail_lists: AtomicBool::new(false),
@@ -276,6 +280,12 @@ impl Store for TestStore {
             hook(p, batch);
         }
         let outcome = self.inner.apply(p, batch)?;
+        if self.lose_answers_of.lock().as_ref() == Some(p) {
+            return Err(portcullis::Error::OutcomeUnknown {
+                partition: p.to_string(),
+                detail: "injected: the answer was lost after the batch committed".into(),
+            });
+        }
         let hook = self.after_apply.lock().clone();
         if let Some(hook) = hook
             && outcome == Outcome::Committed
