@@ -22,7 +22,11 @@ use portcullis::{Clock, EntityId, ManualClock, Namespace, SharedClock};
 pub type BackendFactory = fn(SharedClock) -> (Arc<dyn Store>, Box<dyn std::any::Any>);
 
 /// Every backend the fencing tests run on. A file-backed store is added here with one line.
+/// With `PORTCULLIS_FENCE_BACKEND=etcd` (and the feature `etcd`), only a real etcd instead.
 pub fn backends() -> Vec<(&'static str, BackendFactory)> {
+    if on_etcd() {
+        return vec![("etcd", etcd_backend)];
+    }
     vec![
         ("memory", |clock| {
             (Arc::new(MemoryStore::with_clock(clock)), Box::new(()))
@@ -45,6 +49,52 @@ pub fn backends() -> Vec<(&'static str, BackendFactory)> {
             (Arc::new(store), Box::new(dir))
         }),
     ]
+}
+
+/// Whether the fencing tests run against a real etcd instead of the in-process backends:
+/// `PORTCULLIS_FENCE_BACKEND=etcd` with the feature `etcd` (`.ci/run`'s etcd section). Long
+/// lanes use fewer cases there.
+pub fn on_etcd() -> bool {
+    let etcd = std::env::var("PORTCULLIS_FENCE_BACKEND").is_ok_and(|v| v == "etcd");
+    assert!(
+        !etcd || cfg!(feature = "etcd"),
+        "PORTCULLIS_FENCE_BACKEND=etcd needs --features etcd"
+    );
+    etcd
+}
+
+#[cfg(feature = "etcd")]
+#[path = "../common/etcd.rs"]
+pub mod etcd_server;
+
+/// A fresh, empty `EtcdStore` (its own root prefix) on a throwaway etcd shared by the tests that
+/// run at the same time; the last store of a test to go stops it.
+#[cfg(feature = "etcd")]
+fn etcd_backend(clock: SharedClock) -> (Arc<dyn Store>, Box<dyn std::any::Any>) {
+    use std::sync::Weak;
+    use std::sync::atomic::AtomicU64;
+    static SERVER: Mutex<Weak<etcd_server::EtcdServer>> = Mutex::new(Weak::new());
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let server = {
+        let mut slot = SERVER.lock();
+        slot.upgrade().unwrap_or_else(|| {
+            let server = Arc::new(etcd_server::EtcdServer::start());
+            *slot = Arc::downgrade(&server);
+            server
+        })
+    };
+    let case = CASE.fetch_add(1, Ordering::Relaxed);
+    let store = portcullis::store::EtcdStore::builder(server.endpoint())
+        .prefix(format!("fence/{case:08}/"))
+        .clock(clock)
+        .open()
+        .expect("open the etcd store");
+    (Arc::new(store), Box::new(server))
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd_backend(_clock: SharedClock) -> (Arc<dyn Store>, Box<dyn std::any::Any>) {
+    unreachable!("on_etcd() refuses a build without the feature etcd")
 }
 
 /// A clock that reads a base clock plus a settable offset: the store's clock, which tests
