@@ -23,6 +23,7 @@
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
 
 pub mod clock;
 pub mod engine;
@@ -39,7 +40,9 @@ pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
 pub use engine::{Engine, EngineBuilder};
 pub use entity::{EntityId, Namespace};
 pub use error::{Error, Result};
-pub use restore::{ApplyContext, Origin, Rejection, StateMachine};
+pub use restore::{ApplyContext, Origin, Rejection, StateMachine, Warm};
+pub use store::SyncPolicy;
+pub use typed::{Typed, TypedMachine};
 
 /// What Portcullis promises, by id (S1 ... E6), with the tests that check each promise. The
 /// same text as `docs/GUARANTEES.md`.

@@ -16,7 +16,6 @@ fn e2_handles_are_send_and_sync() {
     assert_send_sync::<TestEngine>();
     assert_send_sync::<portcullis::engine::History>();
     assert_send_sync::<portcullis::restore::Warm>();
-    assert_send_sync::<portcullis::restore::Restorer<Arc<TestMachine>>>();
     assert_send_sync::<portcullis::fence::Fence>();
     assert_send_sync::<portcullis::fence::RevocationHandle>();
     assert_send_sync::<portcullis::store::FileStore>();

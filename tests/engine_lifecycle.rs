@@ -131,10 +131,7 @@ fn r11_close_stops_the_revocation_driver_which_runs_on_the_engines_pool() {
     // driver waits between slices until it is cancelled.
     engine.mark_lease_table_recovered(&ns).unwrap();
     engine.bump_epoch(&ns, 1).unwrap();
-    let limits = DriverLimits {
-        idle_pause: Duration::from_secs(3_600),
-        ..DriverLimits::default()
-    };
+    let limits = DriverLimits::default().with_idle_pause(Duration::from_secs(3_600));
     let handle = engine.fence().revoke_in_background(&ns, limits);
     threads.wait_for_a_slice();
     {

@@ -755,10 +755,7 @@ fn f9_background_revocation_completes_and_can_be_cancelled() {
         // Cancel a driver that is waiting out a recovery hold-off (the clock stands still).
         env.fence.mark_lease_table_recovered(&ns).unwrap();
         let gate = env.hooks.arm(HookPoint::SliceBeforeCheckpoint);
-        let limits = DriverLimits {
-            idle_pause: Duration::from_secs(30),
-            ..DriverLimits::default()
-        };
+        let limits = DriverLimits::default().with_idle_pause(Duration::from_secs(30));
         let handle = env.fence.revoke_in_background(&ns, limits);
         gate.wait_reached();
         assert!(handle.wait(Duration::ZERO).is_none());

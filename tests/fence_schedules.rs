@@ -310,11 +310,9 @@ fn schedule_f_frozen_clock_ends_the_driver_unavailable() {
         let ns = env.ns();
         env.fence.mark_lease_table_recovered(&ns).unwrap();
         let before = env.fence.stats().slices;
-        let limits = DriverLimits {
-            max_idle_slices: 16,
-            idle_pause: Duration::ZERO,
-            ..DriverLimits::default()
-        };
+        let limits = DriverLimits::default()
+            .with_max_idle_slices(16)
+            .with_idle_pause(Duration::ZERO);
         let handle = env.fence.revoke_in_background(&ns, limits);
         let result = handle
             .wait(Duration::from_secs(60))

@@ -1,17 +1,19 @@
-//! What loading a partition and compacting hold in memory (SPEC S8; issue 8 item 11): a load
+//! What opening, loading a partition and compacting hold in memory (SPEC S8): open scans the
+//! journal after the snapshot through a bounded window, never a whole segment at once; a load
 //! holds keys and value locations plus one record, never every body of its chain; compaction
-//! reads a segment through a bounded window, never the whole segment at once.
+//! reads a segment through a bounded window too.
 //!
 //! A counting global allocator (`stats_alloc`) gives the heap in use; a file layer samples it
-//! at every read, which is where both used to hold the most. This binary has one test, so no
-//! other test's allocations blur the figures.
+//! at every read, which is where each used to hold the most. The tests of this binary take
+//! turns (`ONE_AT_A_TIME`), so no other test's allocations blur the figures.
 
 use std::alloc::System;
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use portcullis::inspect::Inspector;
 use portcullis::store::{
     Batch, FileStore, OpenMode, OsFs, Partition, PathKind, Store, SyncPolicy, Vfs, VfsFile, VfsLock,
 };
@@ -93,6 +95,9 @@ impl Vfs for Sampling {
     }
 }
 
+/// The tests of this binary measure one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 const MIB: i64 = 1 << 20;
 /// Batches of one 1 MiB value each: a chain of 60 records (no base falls due below 64) in one
 /// 80 MiB segment.
@@ -100,6 +105,7 @@ const BATCHES: u32 = 60;
 
 #[test]
 fn loading_and_compacting_hold_one_record_not_a_chain_or_a_segment() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let p = Partition::new("big").unwrap();
     let open = || {
@@ -155,4 +161,104 @@ fn loading_and_compacting_hold_one_record_not_a_chain_or_a_segment() {
         assert_eq!(value, vec![i as u8; 1 << 20]);
     }
     store.close().unwrap();
+}
+
+/// Copies the files of a store directory (and its journal) as they are now: a crash image of a
+/// store that is still open, so what was written after its last heads snapshot stays to scan.
+fn copy_store(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir(&target).unwrap();
+            copy_store(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn open_scans_the_journal_after_the_snapshot_through_a_bounded_window() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    // 64 MiB of batches after the last heads snapshot, all in one segment: 256 records of
+    // 256 KiB values, over four partitions.
+    const RECORDS: u32 = 256;
+    let written = tempfile::tempdir().unwrap();
+    let builder = |dir: &Path| {
+        FileStore::builder(dir)
+            .vfs(Arc::new(Sampling))
+            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+            .segment_bytes(128 << 20)
+            .snapshot_every_bytes(1 << 40)
+            .auto_compact(false)
+    };
+    let store = builder(written.path()).open().unwrap();
+    for i in 0..RECORDS {
+        let p = Partition::new(format!("p{}", i % 4)).unwrap();
+        let batch = Batch::new().put(format!("k{i:03}").into_bytes(), vec![i as u8; 256 << 10]);
+        assert!(store.apply(&p, &batch).unwrap().is_committed());
+    }
+    store.flush().unwrap();
+    let image = tempfile::tempdir().unwrap();
+    copy_store(written.path(), image.path());
+    store.close().unwrap();
+
+    let before = reset_peak();
+    let reopened = builder(image.path()).open().unwrap();
+    let open_peak = PEAK.load(Ordering::SeqCst) - before;
+    let report = reopened.open_report();
+    assert!(
+        report.journal_bytes_scanned >= 64 << 20 && report.records_scanned >= RECORDS as u64,
+        "open did not scan the journal the test wrote: {report:?}"
+    );
+    assert!(
+        open_peak < 4 * MIB,
+        "opening a store with 64 MiB of journal after its snapshot held {} MiB at once",
+        open_peak / MIB
+    );
+    for i in [0, RECORDS - 1] {
+        let p = Partition::new(format!("p{}", i % 4)).unwrap();
+        let value = reopened.get(&p, format!("k{i:03}").as_bytes()).unwrap();
+        assert_eq!(value, Some(vec![i as u8; 256 << 10]));
+    }
+    reopened.close().unwrap();
+}
+
+/// The inspection tool opens a store through a layer that keeps every change in memory; open's
+/// rewrite of the journal it scanned changes no byte, so it must not copy the journal there.
+#[test]
+fn inspecting_a_crashed_store_keeps_no_copy_of_the_journal_it_only_rewrote() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let written = tempfile::tempdir().unwrap();
+    let store = FileStore::builder(written.path())
+        .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+        .segment_bytes(128 << 20)
+        .snapshot_every_bytes(1 << 40)
+        .auto_compact(false)
+        .open()
+        .unwrap();
+    let p = Partition::new("p").unwrap();
+    for i in 0..128u32 {
+        let batch = Batch::new().put(format!("k{i:03}").into_bytes(), vec![i as u8; 256 << 10]);
+        assert!(store.apply(&p, &batch).unwrap().is_committed());
+    }
+    store.flush().unwrap();
+    let image = tempfile::tempdir().unwrap();
+    copy_store(written.path(), image.path());
+    store.close().unwrap();
+
+    let before = heap_in_use();
+    let inspector = Inspector::open(image.path()).unwrap();
+    let held = heap_in_use() - before;
+    assert!(
+        inspector.summary().unwrap().open.journal_bytes_scanned >= 32 << 20,
+        "open did not scan the journal the test wrote"
+    );
+    assert!(
+        held < 4 * MIB,
+        "inspecting a store with 32 MiB of journal after its snapshot kept {} MiB",
+        held / MIB
+    );
+    assert!(inspector.verify().unwrap().is_clean());
 }

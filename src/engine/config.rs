@@ -66,7 +66,13 @@ pub struct EngineBuilder<M: StateMachine> {
     pub(crate) checkpoint_every: Option<u64>,
     pub(crate) max_resident_entities: Option<usize>,
     pub(crate) file_store: Vec<FileStoreOption>,
+    pub(crate) sweep_expired_leases: bool,
+    pub(crate) sweep_interval: std::time::Duration,
 }
+
+/// The default time between passes of the engine's expired-lease sweeper (see
+/// [`EngineBuilder::sweep_interval`]).
+pub const DEFAULT_SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// One change to the default file store's configuration, applied when the engine opens it.
 pub(crate) type FileStoreOption = Box<dyn FnOnce(FileStoreBuilder) -> FileStoreBuilder + Send>;
@@ -87,6 +93,8 @@ impl<M: StateMachine> std::fmt::Debug for EngineBuilder<M> {
             .field("warm_on_open", &self.warm_on_open)
             .field("file_store_options", &self.file_store.len())
             .field("fence", &self.fence)
+            .field("sweep_expired_leases", &self.sweep_expired_leases)
+            .field("sweep_interval", &self.sweep_interval)
             .finish_non_exhaustive()
     }
 }
@@ -113,6 +121,8 @@ impl<M: StateMachine> EngineBuilder<M> {
             checkpoint_every: None,
             max_resident_entities: None,
             file_store: Vec::new(),
+            sweep_expired_leases: true,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
         }
     }
 
@@ -420,6 +430,40 @@ impl<M: StateMachine> EngineBuilder<M> {
         self
     }
 
+    /// Whether the engine sweeps expired leased-shard rows in the background (SPEC F9, F11):
+    /// every [`sweep_interval`](Self::sweep_interval), a sweeper thread deletes the rows whose
+    /// lease has expired in every namespace the engine serves, so they never pile up. Default:
+    /// true. Turn it off only if something else sweeps
+    /// ([`Fence::sweep_step`](crate::fence::Fence::sweep_step)).
+    ///
+    /// ```
+    /// # use portcullis::typed::{Typed, TypedMachine};
+    /// # use portcullis::{Engine, EntityId, Rejection};
+    /// # struct Count;
+    /// # impl TypedMachine for Count {
+    /// #     type Record = (); type State = u64;
+    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// # }
+    /// let engine = Engine::builder(Typed(Count))
+    ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
+    ///     .sweep_interval(std::time::Duration::from_secs(10))
+    ///     .open()?;
+    /// assert_eq!(engine.sweeper().unwrap().interval().as_secs(), 10);
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
+    pub fn sweep_expired_leases(mut self, sweep: bool) -> Self {
+        self.sweep_expired_leases = sweep;
+        self
+    }
+
+    /// The time between passes of the expired-lease sweeper (real time). Default: 60 s
+    /// ([`DEFAULT_SWEEP_INTERVAL`]; docs/fencing.md says why). Must be above zero.
+    pub fn sweep_interval(mut self, interval: std::time::Duration) -> Self {
+        self.sweep_interval = interval;
+        self
+    }
+
     /// A hook for counters and timings (SPEC R9). Default: none, which costs nothing.
     pub fn metrics(mut self, metrics: Arc<dyn Metrics>) -> Self {
         self.metrics = Some(metrics);
@@ -438,6 +482,9 @@ impl<M: StateMachine> EngineBuilder<M> {
             return Err(Error::invalid(
                 "max_resident_entities must be at least 1 entity",
             ));
+        }
+        if self.sweep_interval.is_zero() {
+            return Err(Error::invalid("sweep_interval must be above zero"));
         }
         if self.checkpoint_every == Some(0) {
             return Err(Error::invalid("checkpoint_every must be at least 1 record"));

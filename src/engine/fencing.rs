@@ -5,8 +5,8 @@
 use super::Engine;
 use super::owner::Mode;
 use crate::entity::Namespace;
-use crate::error::{Error, Result};
-use crate::fence::{Fence, RevokeBudget, RevokeProgress};
+use crate::error::Result;
+use crate::fence::{Fence, RevokeBudget, RevokeProgress, SweeperHandle};
 use crate::restore::StateMachine;
 
 impl<M: StateMachine> Engine<M> {
@@ -18,10 +18,10 @@ impl<M: StateMachine> Engine<M> {
     /// engine was fenced out of (or released) takes it again at the current epoch and restores
     /// its entities afresh; do that only once this engine should own it again.
     ///
-    /// Refused with [`Error::NotServed`] while another owner holds the namespace at the current
-    /// epoch: to take it over, bump the epoch ([`Engine::bump_epoch`]) and run
-    /// [`Engine::revoke_step`] until it answers `Complete` first, so no write of the old owner
-    /// can commit any more. A take-over from an owner that did not release the namespace (it
+    /// Refused with [`NotServed`](crate::Error::NotServed) while another owner holds the
+    /// namespace at the current epoch: to take it over, bump the epoch
+    /// ([`Engine::bump_epoch`]) and run [`Engine::revoke_step`] until it answers `Complete`
+    /// first, so no write of the old owner can commit any more. A take-over from an owner that did not release the namespace (it
     /// died, or was deposed) runs the unclean-restart repair once per entity (SPEC R3).
     ///
     /// ```
@@ -54,10 +54,38 @@ impl<M: StateMachine> Engine<M> {
         self.inner.owners.adopt(ns, Mode::Fenced, false)
     }
 
-    /// Adopts a namespace unfenced (SPEC F11; for applications that never hand it over): writes carry no
-    /// lease guard and leave no leased-shard rows, so they cost no fencing store calls, and a
-    /// bump of the namespace's epoch through this engine is refused. Refused for a namespace
-    /// that has ever been bumped.
+    /// Adopts a namespace unfenced (SPEC F11; for applications that never hand it over): writes
+    /// carry no lease guard and leave no leased-shard rows, so they cost no fencing store
+    /// calls.
+    ///
+    /// The namespace is declared unfenced in the store ([`Fence::declare_unfenced`]), and that
+    /// is permanent: a bump of its epoch through any engine or [`Fence`] handle over the store
+    /// is refused with [`InvalidArgument`](crate::Error::InvalidArgument), an explicit
+    /// [`Engine::own`] of it is refused, and adoption on first use serves it unfenced. Refused
+    /// for a namespace that has ever been bumped, and with
+    /// [`NotServed`](crate::Error::NotServed) while another owner holds it.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use portcullis::{Engine, EntityId, Namespace, store::{MemoryStore, Store}};
+    /// # use portcullis::restore::{Rejection, StateMachine};
+    /// # struct Count;
+    /// # impl StateMachine for Count {
+    /// #     type State = u64;
+    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: &[u8]) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// #     fn encode_checkpoint(&self, s: &u64) -> Vec<u8> { s.to_le_bytes().to_vec() }
+    /// #     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<u64, Rejection> {
+    /// #         Ok(u64::from_le_bytes(b.try_into().unwrap()))
+    /// #     }
+    /// # }
+    /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// let ns = Namespace::new("local").unwrap();
+    /// let a = Engine::builder(Count).store(store.clone()).owner("a").open().unwrap();
+    /// let b = Engine::builder(Count).store(store).owner("b").open().unwrap();
+    /// a.own_unfenced(&ns).unwrap();
+    /// assert!(b.bump_epoch(&ns, 1).is_err(), "no engine can bump it");
+    /// ```
     pub fn own_unfenced(&self, ns: &Namespace) -> Result<()> {
         let _open = self.enter()?;
         self.inner
@@ -69,8 +97,8 @@ impl<M: StateMachine> Engine<M> {
     /// Stops serving a namespace and records that in its owner row, so the next owner takes it
     /// over cleanly (no repair for this engine's term). Repairs this engine owed the namespace
     /// stay owed unless it restored every entity of it. Later calls for the namespace answer
-    /// [`Error::NotServed`] until [`Engine::own`]. Releasing a namespace this engine does not
-    /// serve does nothing.
+    /// [`NotServed`](crate::Error::NotServed) until [`Engine::own`]. Releasing a namespace this
+    /// engine does not serve does nothing.
     pub fn release_namespace(&self, ns: &Namespace) -> Result<()> {
         let _open = self.enter()?;
         let all_repaired = self.inner.restorer.all_restored_in(ns);
@@ -97,6 +125,14 @@ impl<M: StateMachine> Engine<M> {
         &self.inner.fence
     }
 
+    /// The background sweeper of expired leased-shard rows (SPEC F9), unless it was turned off
+    /// with [`EngineBuilder::sweep_expired_leases`](super::EngineBuilder::sweep_expired_leases).
+    /// It sweeps every namespace this engine serves, every
+    /// [`sweep_interval`](super::EngineBuilder::sweep_interval); `close` stops it.
+    pub fn sweeper(&self) -> Option<&SweeperHandle> {
+        self.inner.sweeper.as_ref()
+    }
+
     /// A namespace's current epoch (0 before the first bump).
     pub fn current_epoch(&self, ns: &Namespace) -> Result<u64> {
         let _open = self.enter()?;
@@ -104,19 +140,10 @@ impl<M: StateMachine> Engine<M> {
     }
 
     /// Advances a namespace's epoch to `new` (SPEC F1): the first step of a take-over. Refused
-    /// for a namespace this engine serves unfenced.
+    /// with [`InvalidArgument`](crate::Error::InvalidArgument) for a namespace declared
+    /// unfenced (by any engine, [`Engine::own_unfenced`]).
     pub fn bump_epoch(&self, ns: &Namespace, new: u64) -> Result<()> {
         let _open = self.enter()?;
-        if self
-            .inner
-            .owners
-            .held(ns)
-            .is_some_and(|h| h.mode == Mode::Unfenced)
-        {
-            return Err(Error::invalid(format!(
-                "namespace {ns} is served unfenced, so it cannot be bumped; release it and adopt it fenced first"
-            )));
-        }
         self.inner.fence.bump_epoch(ns, new)
     }
 
@@ -124,6 +151,15 @@ impl<M: StateMachine> Engine<M> {
     pub fn revoke_step(&self, ns: &Namespace, budget: RevokeBudget) -> Result<RevokeProgress> {
         let _open = self.enter()?;
         self.inner.fence.revoke_step(ns, budget)
+    }
+
+    /// Test-only negative control (feature `test-hooks`): [`Engine::own_unfenced`] serves the
+    /// namespace unfenced without declaring it so in the store, as it did before, so tests can
+    /// show they catch the bump that then gets through.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn set_skip_unfenced_declaration_for_test(&self, skip: bool) {
+        self.inner.owners.set_skip_declaration(skip);
     }
 
     /// Declares a namespace's lease table recovered (SPEC F6).

@@ -124,7 +124,7 @@ impl<M: StateMachine> Inner<M> {
             unfinished.push("the warm (a restore unit is still running)".to_owned());
         }
         if !self.fence.stop_drivers(deadline) {
-            unfinished.push("a background revocation".to_owned());
+            unfinished.push("a background driver (revocation or the lease sweeper)".to_owned());
         }
         if !self.lifecycle.wait_idle(deadline) {
             unfinished.push(format!("{} calls in flight", self.lifecycle.in_flight()));
@@ -187,6 +187,8 @@ impl<M: StateMachine> Drop for Inner<M> {
             if let Some(warm) = self.warm.lock().clone() {
                 warm.stop();
             }
+            // Ask the drivers (revocations, the lease sweeper) to stop; wait for none.
+            self.fence.stop_drivers(Instant::now());
             return;
         }
         if let Err(e) = self.shutdown() {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-pub use config::EngineBuilder;
+pub use config::{DEFAULT_SWEEP_INTERVAL, EngineBuilder};
 pub use history::History;
 pub(crate) use incarnation::describe as describe_incarnation;
 pub use stats::EngineStats;
@@ -33,7 +33,7 @@ pub use write::{Deferred, Written};
 use crate::clock::{Clock, SharedClock};
 use crate::entity::{EntityId, Namespace};
 use crate::error::{Error, Result};
-use crate::fence::Fence;
+use crate::fence::{Fence, SweeperHandle};
 use crate::log::{self, Guarded};
 use crate::restore::{self, Containment, ReasonKind, RestoreConfig, Restorer, StateMachine, Warm};
 use crate::store::Store;
@@ -92,6 +92,8 @@ struct Inner<M: StateMachine> {
     checkpoint_every: Option<u64>,
     /// The epoch fence every write commits through (SPEC F2, F3).
     fence: Fence,
+    /// The expired-lease sweeper over the namespaces this engine serves, unless turned off.
+    sweeper: Option<SweeperHandle>,
     /// Calls in flight and whether close began (SPEC R11).
     lifecycle: lifecycle::Lifecycle,
     /// How long `close` waits for the warm, drivers and calls in flight.
@@ -128,11 +130,15 @@ impl<M: StateMachine> Engine<M> {
             Arc::clone(&owners),
         ));
         let owners_for_units = Arc::clone(&owners);
+        let owners_for_deferrals = Arc::clone(&owners);
         let restore_config = RestoreConfig {
             checkpoint_tail_bound: config.checkpoint_tail_bound,
             incarnation: incarnation.number,
             owed_repairs: Arc::new(move |ns: &Namespace| {
                 owners_for_units.serving(ns).map(|h| h.owed)
+            }),
+            defer_term: Arc::new(move |ns: &Namespace| {
+                owners_for_deferrals.serving(ns).map(|h| h.term)
             }),
         };
         let restorer = Arc::new(Restorer::new(
@@ -157,6 +163,19 @@ impl<M: StateMachine> Engine<M> {
         );
         // Background revocation runs on the engine's pool, and close stops it (SPEC R11).
         fence.set_pool(Arc::clone(&pool));
+        // Expired leased-shard rows are swept in the background, so they never pile up; close
+        // stops the sweeper with the other drivers.
+        let sweeper = if config.sweep_expired_leases {
+            let owners = Arc::downgrade(&owners);
+            let served = move || {
+                owners.upgrade().map_or_else(Vec::new, |o| {
+                    o.all_held().into_iter().map(|(ns, _)| ns).collect()
+                })
+            };
+            Some(fence.sweep_in_background(config.sweep_interval, Box::new(served))?)
+        } else {
+            None
+        };
         ::log::info!(
             "engine open: owner {:?}, incarnation {}; entities restore on first touch",
             config.owner,
@@ -177,6 +196,7 @@ impl<M: StateMachine> Engine<M> {
                 register_on_first_write: config.register_on_first_write,
                 checkpoint_every: config.checkpoint_every,
                 fence,
+                sweeper,
                 lifecycle: lifecycle::Lifecycle::default(),
                 close_timeout: config.close_timeout,
                 warm: Mutex::new(None),

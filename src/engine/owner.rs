@@ -72,7 +72,7 @@ pub(crate) enum Mode {
 #[derive(Clone, Debug)]
 pub(crate) struct Holding {
     pub(crate) grant: u64,
-    #[allow(dead_code)] // kept for diagnostics (Debug)
+    /// This adoption's term: deferred rows accepted under it are keyed by it (SPEC R8).
     pub(crate) term: u64,
     pub(crate) mode: Mode,
     pub(crate) owed: Arc<Vec<u64>>,
@@ -106,6 +106,8 @@ pub(crate) struct Owners {
     map: RwLock<HashMap<Namespace, Holding>>,
     adopting: Mutex<()>,
     on_readopt: OnceLock<OnReadopt>,
+    /// Test-only negative control: see `set_skip_declaration`.
+    skip_declaration: std::sync::atomic::AtomicBool,
 }
 
 impl Owners {
@@ -125,6 +127,7 @@ impl Owners {
             map: RwLock::new(HashMap::new()),
             adopting: Mutex::new(()),
             on_readopt: OnceLock::new(),
+            skip_declaration: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -168,6 +171,20 @@ impl Owners {
             .cloned()
     }
 
+    /// Test-only negative control (feature `test-hooks`): adopt unfenced without declaring
+    /// the namespace unfenced in the store, as the engine did before.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_skip_declaration(&self, skip: bool) {
+        self.skip_declaration
+            .store(skip, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    #[cfg_attr(not(feature = "test-hooks"), inline(always))]
+    fn skip_declaration(&self) -> bool {
+        self.skip_declaration
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Every namespace this engine serves now.
     pub(crate) fn all_held(&self) -> Vec<(Namespace, Holding)> {
         self.map
@@ -187,14 +204,16 @@ impl Owners {
         if let Some(h) = &previous {
             match h.status {
                 Status::Serving if h.mode == mode => return Ok(h.grant),
+                Status::Serving if h.mode == Mode::Fenced => {
+                    return Err(Error::invalid(format!(
+                        "namespace {ns} is already served fenced; release it first to serve it \
+                         unfenced"
+                    )));
+                }
                 Status::Serving => {
                     return Err(Error::invalid(format!(
-                        "namespace {ns} is already served {}; release it first to change that",
-                        if h.mode == Mode::Fenced {
-                            "fenced"
-                        } else {
-                            "unfenced"
-                        }
+                        "namespace {ns} is served unfenced, which is permanent: it cannot be \
+                         served fenced; move its entities to a new namespace to fence them"
                     )));
                 }
                 Status::Deposed { current } if first_use => {
@@ -206,7 +225,21 @@ impl Owners {
         }
         let p = ns.coordinator_partition();
         for _ in 0..ROW_ATTEMPTS {
-            let epoch = self.fence.current_epoch(ns)?;
+            let (epoch, declared) = self.fence.epoch_and_unfenced(ns)?;
+            // A namespace declared unfenced is unfenced for ever (SPEC F11): an implicit
+            // adoption serves it so; an explicit fenced one is refused, since it promises a
+            // hand-over by bump that the namespace can no longer offer.
+            let mode = match mode {
+                Mode::Fenced if declared && first_use => Mode::Unfenced,
+                Mode::Fenced if declared => {
+                    return Err(Error::invalid(format!(
+                        "namespace {ns} is declared unfenced (permanently), so it cannot be \
+                         served fenced: serve it with Engine::own_unfenced, or move its \
+                         entities to a new namespace to fence them"
+                    )));
+                }
+                mode => mode,
+            };
             let raw = self.store.get(&p, OWNER_KEY)?;
             let old: Option<OwnerRow> = match &raw {
                 Some(bytes) => Some(decode_row(&p, "namespace owner", bytes)?),
@@ -266,6 +299,28 @@ impl Owners {
             match self.store.apply(&p, &batch)? {
                 Outcome::Committed => {}
                 _ => continue,
+            }
+            // Unfenced in the store too, so that no other engine or fence handle can bump it
+            // (SPEC F11). Declared while this engine holds the owner row, so no other engine
+            // adopts it fenced meanwhile; if the declaration is refused (a bump won the race),
+            // the row is put back as it was.
+            if mode == Mode::Unfenced
+                && !declared
+                && !self.skip_declaration()
+                && let Err(e) = self.fence.declare_unfenced(ns)
+            {
+                let undo = Batch::new().equals(OWNER_KEY.to_vec(), written.clone());
+                let undo = match &raw {
+                    Some(bytes) => undo.put(OWNER_KEY.to_vec(), bytes.clone()),
+                    None => undo.delete(OWNER_KEY.to_vec()),
+                };
+                if let Err(undo_error) = self.store.apply(&p, &undo) {
+                    ::log::warn!(
+                        "namespace {ns}: could not put the owner row back after a refused \
+                         declaration: {undo_error}"
+                    );
+                }
+                return Err(e);
             }
             ::log::info!(
                 "owner {:?} adopted namespace {ns} at epoch {epoch} (term {term}{})",

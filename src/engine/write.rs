@@ -18,6 +18,7 @@ use crate::store::{Batch, Outcome, Store};
 
 /// What a write did.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Written<T> {
     /// The sequence numbers the records got; `None` when the application decided to write
     /// nothing.

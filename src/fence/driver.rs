@@ -4,7 +4,8 @@
 //!
 //! Drivers run on the pool given to [`Fence::set_pool`] (the engine passes its own), or on
 //! rayon's global pool if none was given. The fence keeps the cancel handle of every running
-//! driver, so [`Fence::stop_drivers`] can stop them all, bounded (SPEC R11).
+//! driver (revocations, and the background sweeper of `sweep.rs`), so [`Fence::stop_drivers`]
+//! can stop them all, bounded (SPEC R11).
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -24,10 +25,11 @@ use crate::error::{Error, Result};
 /// ```
 /// use std::time::Duration;
 /// use portcullis::fence::DriverLimits;
-/// let limits = DriverLimits { max_idle_slices: 16, idle_pause: Duration::ZERO, ..DriverLimits::default() };
+/// let limits = DriverLimits::default().with_max_idle_slices(16).with_idle_pause(Duration::ZERO);
 /// assert_eq!(limits.max_idle_slices, 16);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DriverLimits {
     /// The budget of each slice.
     pub budget: RevokeBudget,
@@ -39,6 +41,32 @@ pub struct DriverLimits {
     /// How long the driver pauses (real time) after a slice that made no progress, so a
     /// recovery hold-off is waited out without spinning. Default 10 ms.
     pub idle_pause: Duration,
+}
+
+impl DriverLimits {
+    /// The same limits with this budget for each slice.
+    pub fn with_budget(mut self, budget: RevokeBudget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The same limits with at most this many slices.
+    pub fn with_max_slices(mut self, slices: u64) -> Self {
+        self.max_slices = slices;
+        self
+    }
+
+    /// The same limits with at most this many consecutive slices without progress.
+    pub fn with_max_idle_slices(mut self, slices: u64) -> Self {
+        self.max_idle_slices = slices;
+        self
+    }
+
+    /// The same limits with this pause after a slice that made no progress.
+    pub fn with_idle_pause(mut self, pause: Duration) -> Self {
+        self.idle_pause = pause;
+        self
+    }
 }
 
 impl Default for DriverLimits {
@@ -54,6 +82,7 @@ impl Default for DriverLimits {
 
 /// How a background revocation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DriverReport {
     /// Slices run.
     pub slices: u64,
@@ -141,6 +170,27 @@ impl Fence {
         true
     }
 
+    /// Counts a background driver as running, so that [`Fence::stop_drivers`] sends it a
+    /// message on `cancel` and waits for it. `None` once the drivers were stopped: the driver
+    /// must not start. A driver that got an id calls [`Fence::discharge_driver`] when it ends.
+    pub(super) fn enlist_driver(&self, cancel: Sender<()>) -> Option<u64> {
+        let mut running = self.inner.drivers.running.lock();
+        if running.stopped {
+            return None;
+        }
+        running.next += 1;
+        let id = running.next;
+        running.cancels.insert(id, cancel);
+        Some(id)
+    }
+
+    /// A driver enlisted as `id` has ended.
+    pub(super) fn discharge_driver(&self, id: u64) {
+        let drivers = &self.inner.drivers;
+        drivers.running.lock().cancels.remove(&id);
+        drivers.ended.notify_all();
+    }
+
     /// Starts a background revocation of the namespace on the fence's pool (SPEC F9).
     ///
     /// ```
@@ -162,17 +212,9 @@ impl Fence {
             cancel: cancel_tx.clone(),
             taken: Mutex::new(false),
         };
-        let drivers = &self.inner.drivers;
-        let id = {
-            let mut running = drivers.running.lock();
-            if running.stopped {
-                let _ = done_tx.send(Err(Error::Closed));
-                return handle;
-            }
-            running.next += 1;
-            let id = running.next;
-            running.cancels.insert(id, cancel_tx);
-            id
+        let Some(id) = self.enlist_driver(cancel_tx) else {
+            let _ = done_tx.send(Err(Error::Closed));
+            return handle;
         };
         let fence = self.clone();
         let ns = ns.clone();
@@ -192,11 +234,9 @@ impl Fence {
                     })
                 });
             let _ = done_tx.send(result);
-            let drivers = &fence.inner.drivers;
-            drivers.running.lock().cancels.remove(&id);
-            drivers.ended.notify_all();
+            fence.discharge_driver(id);
         };
-        match drivers.pool.read().as_ref() {
+        match self.inner.drivers.pool.read().as_ref() {
             Some(pool) => pool.spawn(task),
             None => rayon::spawn(task),
         }

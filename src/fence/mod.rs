@@ -63,7 +63,7 @@ pub use driver::{DriverLimits, DriverReport, RevocationHandle};
 pub use revoke::{RevokeBudget, RevokeProgress};
 pub use rows::FenceKind;
 pub use stats::FenceStats;
-pub use sweep::SweepReport;
+pub use sweep::{SweepNamespaces, SweepPass, SweepReport, SweeperHandle};
 pub use write::{FenceGrant, WriteOutcome, WritePlan, write_under};
 
 // Test-only surface (cargo feature `test-hooks`, which the crate's own tests enable): pause

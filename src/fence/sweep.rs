@@ -1,16 +1,40 @@
 //! The expired-lease sweeper (SPEC F9): deletes leased-shard rows whose lease has expired,
 //! each guarded on the row as read, so a renewal that races the sweep always wins.
+//!
+//! [`Fence::sweep_step`] is one bounded step over one namespace. [`Fence::sweep_in_background`]
+//! runs passes over a changing list of namespaces on a thread of its own, every interval (the
+//! engine starts one by default, so rows never pile up): it lives as long as its owner, so it
+//! would otherwise hold one of the pool's threads for ever. It is enlisted with the fence's
+//! drivers (see `driver.rs`), so [`Fence::stop_drivers`] stops it, bounded (SPEC R11); it ends
+//! as well when every [`SweeperHandle`] is dropped. Each pass is bounded by pages per namespace
+//! (SPEC F8) and resumes a longer table where the previous pass stopped.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{self, Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
 
 use super::revoke::{MAX_PAGES, PAGE_ROWS};
 use super::rows;
 use super::stats::Counters;
 use super::{Fence, HookPoint};
 use crate::entity::Namespace;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::{Batch, Cursor};
+
+/// Rows the background sweeper reads per page.
+const BACKGROUND_PAGE_ROWS: usize = 64;
+/// The most pages one background pass reads per namespace (65,536 rows); the rest of a larger
+/// table is swept by the next passes, each resuming where the last one stopped.
+const BACKGROUND_MAX_PAGES: usize = 1024;
 
 /// What one sweep step did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SweepReport {
     /// Rows deleted.
     pub deleted: u64,
@@ -18,6 +42,120 @@ pub struct SweepReport {
     pub raced: u64,
     /// Whether rows remain beyond what this step scanned.
     pub more: bool,
+}
+
+/// What one pass of the background sweeper did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepPass {
+    /// Namespaces swept.
+    pub namespaces: u64,
+    /// Expired rows deleted.
+    pub deleted: u64,
+    /// Expired rows that changed (were renewed) before they could be deleted.
+    pub raced: u64,
+    /// Namespaces whose table this pass did not reach the end of (the next pass resumes them).
+    pub unfinished: u64,
+    /// Namespaces whose sweep failed (a store error, logged); the next pass tries again.
+    pub failed: u64,
+}
+
+/// The namespaces a background sweeper sweeps, asked at the start of every pass.
+pub type SweepNamespaces = Box<dyn Fn() -> Vec<Namespace> + Send>;
+
+/// A running background sweeper (see [`Fence::sweep_in_background`]). Clones share it; the
+/// sweeper ends when it is stopped, when the fence's drivers are stopped, or when every
+/// handle is dropped.
+#[derive(Clone, Debug)]
+pub struct SweeperHandle {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    kick: Sender<Sender<SweepPass>>,
+    cancel: Sender<()>,
+    status: Arc<Status>,
+    interval: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Status {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    passes: u64,
+    last: Option<SweepPass>,
+    ended: bool,
+}
+
+impl Status {
+    fn update(&self, f: impl FnOnce(&mut State)) {
+        f(&mut self.state.lock());
+        self.changed.notify_all();
+    }
+
+    /// Waits until `done` holds or `timeout` passed; answers whether it holds.
+    fn wait(&self, timeout: Duration, done: impl Fn(&State) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.state.lock();
+        while !done(&state) {
+            if self.changed.wait_until(&mut state, deadline).timed_out() {
+                return done(&state);
+            }
+        }
+        true
+    }
+}
+
+impl SweeperHandle {
+    /// The time between passes.
+    pub fn interval(&self) -> Duration {
+        self.shared.interval
+    }
+
+    /// Passes completed so far.
+    pub fn passes(&self) -> u64 {
+        self.shared.status.state.lock().passes
+    }
+
+    /// What the last completed pass did, if one completed.
+    pub fn last_pass(&self) -> Option<SweepPass> {
+        self.shared.status.state.lock().last
+    }
+
+    /// Whether the sweeper still runs.
+    pub fn is_running(&self) -> bool {
+        !self.shared.status.state.lock().ended
+    }
+
+    /// Runs a pass now (without waiting for the interval) and waits up to `timeout` for it;
+    /// `None` if the sweeper has ended or the pass did not finish in time.
+    pub fn sweep_now(&self, timeout: Duration) -> Option<SweepPass> {
+        let (reply, answer) = channel::bounded(1);
+        if !self.is_running() || self.shared.kick.send(reply).is_err() {
+            return None;
+        }
+        answer.recv_timeout(timeout).ok()
+    }
+
+    /// Waits up to `timeout` until at least `passes` passes have completed; answers whether
+    /// they have. Returns early (false) if the sweeper ends first.
+    pub fn wait_for_passes(&self, passes: u64, timeout: Duration) -> bool {
+        self.shared
+            .status
+            .wait(timeout, |s| s.passes >= passes || s.ended);
+        self.passes() >= passes
+    }
+
+    /// Stops the sweeper after the row it is deleting and waits up to `timeout` for it to end;
+    /// answers whether it ended.
+    pub fn stop(&self, timeout: Duration) -> bool {
+        let _ = self.shared.cancel.try_send(());
+        self.shared.status.wait(timeout, |s| s.ended)
+    }
 }
 
 impl Fence {
@@ -35,20 +173,40 @@ impl Fence {
     /// assert_eq!(fence.sweep_step(e.namespace()).unwrap().deleted, 1);
     /// ```
     pub fn sweep_step(&self, ns: &Namespace) -> Result<SweepReport> {
+        self.sweep_pages(ns, None, PAGE_ROWS, MAX_PAGES, &|| false)
+            .map(|(report, _)| report)
+    }
+
+    /// Sweeps from `from` (the start if `None`) for at most `max_pages` pages of `page_rows`,
+    /// stopping early when `stop` answers true. Answers the report and where to resume.
+    fn sweep_pages(
+        &self,
+        ns: &Namespace,
+        from: Option<Cursor>,
+        page_rows: usize,
+        max_pages: usize,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(SweepReport, Resume)> {
         let keys = &self.inner.keys;
         let coordinator = ns.coordinator_partition();
         let mut report = SweepReport::default();
-        let mut cursor: Option<Cursor> = None;
-        for _ in 0..MAX_PAGES {
+        let mut cursor = from;
+        for _ in 0..max_pages {
             let page = self.inner.store.scan(
                 &coordinator,
                 &keys.shard_range(),
                 cursor.as_ref(),
-                PAGE_ROWS,
+                page_rows,
             )?;
             for (key, raw, row, entity) in rows::decode_shard_page(keys, ns, &page.entries)? {
                 if self.now() < row.expires_at_ms {
                     continue;
+                }
+                if stop() {
+                    // Resume before this row: strictly after the key preceding it.
+                    report.more = true;
+                    let at = cursor_before(&page.entries, key, cursor);
+                    return Ok((report, Resume::From(at)));
                 }
                 self.hook(HookPoint::SweepBeforeDelete, Some(&entity));
                 let batch = Batch::new()
@@ -63,10 +221,178 @@ impl Fence {
             }
             match page.next {
                 Some(next) => cursor = Some(next),
-                None => return Ok(report),
+                None => return Ok((report, Resume::Done)),
             }
         }
         report.more = true;
-        Ok(report)
+        Ok((report, Resume::From(cursor)))
+    }
+
+    /// Starts a background sweeper (SPEC F9): every `interval` (real time), and whenever
+    /// [`SweeperHandle::sweep_now`] asks, it sweeps every namespace `namespaces` lists, at
+    /// most 1,024 pages of 64 rows each per pass, resuming a longer table at the next pass.
+    /// A failed sweep is logged and retried at the next pass. Refused with `InvalidArgument`
+    /// for a zero interval; answers [`Error::Closed`] once the fence's drivers were stopped.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use portcullis::{EntityId, ManualClock, store::{Batch, MemoryStore}, fence::*};
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let fence = Fence::new(Arc::new(MemoryStore::with_clock(clock.clone())), clock.clone(), FenceConfig::default());
+    /// let e = EntityId::new("ns", "e").unwrap();
+    /// fence.write(&e, 0, Batch::new()).unwrap();
+    /// let ns = e.namespace().clone();
+    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![ns.clone()])).unwrap();
+    /// clock.advance(30_000);
+    /// assert_eq!(sweeper.sweep_now(Duration::from_secs(10)).unwrap().deleted, 1);
+    /// assert!(sweeper.stop(Duration::from_secs(10)));
+    /// ```
+    pub fn sweep_in_background(
+        &self,
+        interval: Duration,
+        namespaces: SweepNamespaces,
+    ) -> Result<SweeperHandle> {
+        if interval.is_zero() {
+            return Err(Error::invalid("the sweep interval must be above zero"));
+        }
+        let (kick, kicks) = channel::unbounded();
+        let (cancel, cancelled) = channel::bounded(1);
+        let status = Arc::new(Status::default());
+        let handle = SweeperHandle {
+            shared: Arc::new(Shared {
+                kick,
+                cancel: cancel.clone(),
+                status: Arc::clone(&status),
+                interval,
+            }),
+        };
+        let Some(id) = self.enlist_driver(cancel) else {
+            return Err(Error::Closed);
+        };
+        let fence = self.clone();
+        let thread_status = Arc::clone(&status);
+        let spawned = std::thread::Builder::new()
+            .name("portcullis-sweeper".into())
+            .spawn(move || {
+                fence.run_sweeper(interval, &*namespaces, &kicks, &cancelled, &thread_status);
+                thread_status.update(|s| s.ended = true);
+                fence.discharge_driver(id);
+            });
+        if let Err(e) = spawned {
+            status.update(|s| s.ended = true);
+            self.discharge_driver(id);
+            return Err(Error::Io {
+                context: "starting the lease sweeper's thread".into(),
+                source: e,
+            });
+        }
+        log::debug!("lease sweeper started (every {interval:?})");
+        Ok(handle)
+    }
+
+    fn run_sweeper(
+        &self,
+        interval: Duration,
+        namespaces: &dyn Fn() -> Vec<Namespace>,
+        kicks: &Receiver<Sender<SweepPass>>,
+        cancel: &Receiver<()>,
+        status: &Status,
+    ) {
+        let mut cursors = HashMap::new();
+        let stopped = AtomicBool::new(false);
+        let stop = || {
+            stopped.load(Ordering::Relaxed) || {
+                let now = cancel.try_recv().is_ok();
+                stopped.fetch_or(now, Ordering::Relaxed);
+                now
+            }
+        };
+        loop {
+            let reply = crossbeam::select! {
+                recv(cancel) -> _ => return,
+                recv(kicks) -> kick => match kick {
+                    Ok(reply) => Some(reply),
+                    Err(_) => return, // every handle was dropped
+                },
+                default(interval) => None,
+            };
+            let pass = catch_unwind(AssertUnwindSafe(|| {
+                self.sweep_pass(namespaces, &mut cursors, &stop)
+            }))
+            .unwrap_or_else(|_| {
+                log::warn!("a lease sweep pass panicked; the sweeper carries on at the next one");
+                SweepPass::default()
+            });
+            status.update(|s| {
+                s.passes += 1;
+                s.last = Some(pass);
+            });
+            if let Some(reply) = reply {
+                let _ = reply.send(pass);
+            }
+            if stopped.load(Ordering::Relaxed) {
+                return;
+            }
+        }
+    }
+
+    /// One pass over every listed namespace.
+    fn sweep_pass(
+        &self,
+        namespaces: &dyn Fn() -> Vec<Namespace>,
+        cursors: &mut HashMap<Namespace, Cursor>,
+        stop: &dyn Fn() -> bool,
+    ) -> SweepPass {
+        let list = namespaces();
+        cursors.retain(|ns, _| list.contains(ns));
+        let mut pass = SweepPass::default();
+        for ns in list {
+            if stop() {
+                break;
+            }
+            pass.namespaces += 1;
+            let from = cursors.remove(&ns);
+            match self.sweep_pages(&ns, from, BACKGROUND_PAGE_ROWS, BACKGROUND_MAX_PAGES, stop) {
+                Ok((report, resume)) => {
+                    pass.deleted += report.deleted;
+                    pass.raced += report.raced;
+                    if let Resume::From(at) = resume {
+                        pass.unfinished += 1;
+                        if let Some(at) = at {
+                            cursors.insert(ns, at);
+                        }
+                    }
+                }
+                Err(e) => {
+                    pass.failed += 1;
+                    log::warn!(
+                        "sweeping the expired leases of {ns} failed (retried at the next pass): {e}"
+                    );
+                }
+            }
+        }
+        log::debug!("lease sweep pass: {pass:?}");
+        pass
+    }
+}
+
+/// Where a sweep that stopped early resumes.
+enum Resume {
+    /// It reached the end of the table.
+    Done,
+    /// From this cursor (`None`: from the start).
+    From(Option<Cursor>),
+}
+
+/// A cursor that resumes at `key` of `entries` (strictly after the key before it), or at the
+/// start of the page if `key` is its first entry.
+fn cursor_before(
+    entries: &[(Vec<u8>, Vec<u8>)],
+    key: &[u8],
+    page_start: Option<Cursor>,
+) -> Option<Cursor> {
+    match entries.iter().position(|(k, _)| k.as_slice() == key) {
+        Some(at) if at > 0 => Some(Cursor::after_key(entries[at - 1].0.clone())),
+        _ => page_start,
     }
 }

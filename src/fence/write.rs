@@ -91,6 +91,13 @@ impl PlannedWrite {
     /// Applies the planned batch once. `None` when the lease guard failed or the deadline
     /// passed (the caller would re-plan).
     pub fn apply(self) -> Result<Option<WriteOutcome>> {
+        Ok(match self.apply_once()? {
+            Applied::Done(outcome) => Some(outcome),
+            Applied::Retry { .. } => None,
+        })
+    }
+
+    fn apply_once(self) -> Result<Applied> {
         let entity = &self.entity;
         self.fence.hook(HookPoint::WriteBeforeApply, Some(entity));
         match self
@@ -101,25 +108,39 @@ impl PlannedWrite {
         {
             Outcome::Committed => {
                 Counters::bump(&self.fence.inner.counters.writes_committed);
-                Ok(Some(WriteOutcome::Committed {
+                Ok(Applied::Done(WriteOutcome::Committed {
                     epochs: self.epochs,
                 }))
             }
             Outcome::PreconditionFailed { index } if index >= self.fence_guards => {
-                Ok(Some(WriteOutcome::PreconditionFailed {
+                Ok(Applied::Done(WriteOutcome::PreconditionFailed {
                     index: index - self.fence_guards,
                 }))
             }
             Outcome::PreconditionFailed { .. } => {
                 log::debug!("lease of {entity} changed since it was read");
-                Ok(None)
+                Ok(Applied::Retry { store_now_ms: 0 })
             }
             Outcome::DeadlinePassed { now_ms } => {
                 log::debug!("write to {entity} passed its deadline (store clock {now_ms})");
-                Ok(None)
+                Ok(Applied::Retry {
+                    store_now_ms: now_ms,
+                })
             }
         }
     }
+}
+
+/// What one apply of a planned write did.
+enum Applied {
+    Done(WriteOutcome),
+    /// Re-plan. `store_now_ms` is the store's clock when it refused a passed deadline (0
+    /// otherwise): if it is ahead of the planner's by less than the margin, the next plan
+    /// reads time as at least that, so a lagging planner renews instead of re-using a lease
+    /// whose deadline the store has already passed.
+    Retry {
+        store_now_ms: u64,
+    },
 }
 
 /// Plans one attempt: reads every fence's lease, asks the caller for its batch, commits any
@@ -129,11 +150,12 @@ fn plan_attempt(
     entity: &EntityId,
     attempt: usize,
     access: RowAccess,
+    not_before_ms: u64,
     plan: &mut impl FnMut(&WritePlan) -> Option<Batch>,
 ) -> Result<Attempt> {
     let mut prepared = Vec::with_capacity(fences.len());
     for fg in fences {
-        prepared.push(fg.fence.prepare(entity, fg.grant)?);
+        prepared.push(fg.fence.prepare(entity, fg.grant, not_before_ms)?);
     }
     let write_plan = WritePlan {
         epochs: prepared.iter().map(|p| p.lease_epoch).collect(),
@@ -402,18 +424,28 @@ fn write_under_as(
     if fences.is_empty() {
         return Err(Error::invalid("a fenced write needs at least one fence"));
     }
+    // The latest store clock a passed deadline reported: later plans read time as at least
+    // this (see `Applied::Retry`).
+    let mut not_before_ms = 0;
     for attempt in 0..MAX_WRITE_ATTEMPTS {
-        match plan_attempt(fences, entity, attempt, access, &mut plan)? {
+        match plan_attempt(fences, entity, attempt, access, not_before_ms, &mut plan)? {
             Attempt::Declined => return Ok(WriteOutcome::Declined),
             Attempt::Refused(index) => return Ok(WriteOutcome::PreconditionFailed { index }),
             Attempt::LostRace => {
                 log::debug!("renewal for {entity} lost a race; re-planning");
             }
-            Attempt::Ready(planned) => {
-                if let Some(outcome) = planned.apply()? {
-                    return Ok(outcome);
+            Attempt::Ready(planned) => match planned.apply_once()? {
+                Applied::Done(outcome) => return Ok(outcome),
+                Applied::Retry { store_now_ms } => {
+                    // Within the skew the safety argument assumes (below the margin) only: a
+                    // store further ahead breaks that assumption, and the write stays refused.
+                    let fence = fences[0].fence;
+                    let ahead = store_now_ms.saturating_sub(fence.now());
+                    if ahead < fence.inner.config.lease_margin_ms() {
+                        not_before_ms = not_before_ms.max(store_now_ms);
+                    }
                 }
-            }
+            },
         }
     }
     Err(Error::Unavailable {
@@ -444,18 +476,20 @@ impl Fence {
     ) -> Result<Option<PlannedWrite>> {
         let fences = [FenceGrant { fence: self, grant }];
         let access = RowAccess::Application;
-        match plan_attempt(&fences, entity, 0, access, &mut |_| Some(batch.clone()))? {
+        match plan_attempt(&fences, entity, 0, access, 0, &mut |_| Some(batch.clone()))? {
             Attempt::Ready(planned) => Ok(Some(planned)),
             Attempt::LostRace | Attempt::Declined | Attempt::Refused(_) => Ok(None),
         }
     }
 
     /// Reads the entity's lease and, if it is not usable, the coordinator once, and decides
-    /// what the attempt must commit. Writes nothing.
-    fn prepare(&self, entity: &EntityId, grant: u64) -> Result<Prepared> {
+    /// what the attempt must commit. Writes nothing. Time is read as at least
+    /// `not_before_ms` (a store clock that refused an earlier attempt's deadline): reading
+    /// time later only makes a lease less usable and a renewal's expiry later, both safe.
+    fn prepare(&self, entity: &EntityId, grant: u64, not_before_ms: u64) -> Result<Prepared> {
         let c = self.inner.config;
         let keys = &self.inner.keys;
-        let now = self.now();
+        let now = self.now().max(not_before_ms);
         let ns = entity.namespace();
         if self.known_unfenced(ns) {
             // An unfenced namespace: no lease, no row, no store call before the write.

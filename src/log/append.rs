@@ -36,6 +36,7 @@ impl<T> Guarded<T> {
 
 /// The result of a committed append.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Appended {
     /// The sequence number of the first record appended.
     pub first_seq: u64,
@@ -46,11 +47,11 @@ pub struct Appended {
     pub head: HeadSnapshot,
 }
 
-/// Appends `records` to the log in `p`, reading the head first and retrying (at most
-/// [`APPEND_RETRIES`] times) while another writer moves it.
+/// Appends `records` to the log in `p`, reading the head first and retrying (at most 16
+/// times) while another writer moves it; then [`Error::Unavailable`](crate::Error::Unavailable).
 ///
 /// `extra` carries the caller's guards and row operations; they commit atomically with the
-/// records or not at all. Use [`append_at`] to guard on a head you already hold.
+/// records or not at all.
 pub fn append<R: AsRef<[u8]>>(
     store: &dyn Store,
     p: &Partition,

@@ -13,6 +13,7 @@ use crate::store::{Partition, Precondition, Store};
 
 /// Where an entity log stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LogHead {
     /// The sequence number the next appended record gets (1 for an empty log).
     pub next_seq: u64,

@@ -1,11 +1,11 @@
 //! Entity logs and checkpoints, expressed as rows of the entity's partition (SPEC L1-L4).
 //!
-//! Owns: the layout of the reserved log rows inside an entity partition ([`keys`]), the head
+//! Owns: the layout of the reserved log rows inside an entity partition (`keys`), the head
 //! row (next sequence number, first retained sequence number, running digest, newest checkpoint
 //! mark), appending records with the caller's guards and row operations in the same atomic batch
-//! ([`append`], [`append_at`]), paging through history ([`read_log`]), verified replay
+//! ([`append`]), paging through history ([`read_log`]), verified replay
 //! ([`replay`]), checkpoints ([`write_checkpoint`], [`load_restore_point`]), verification of a
-//! checkpoint against history ([`verify_checkpoint_against_history`]) and prefix truncation
+//! checkpoint against history and prefix truncation
 //! ([`truncate_before`]).
 //!
 //! It calls only the [`Store`](crate::store::Store) trait and knows nothing of restores, epochs
@@ -32,28 +32,46 @@ mod append;
 mod checkpoint;
 mod digest;
 mod head;
+#[cfg(feature = "test-hooks")]
 pub mod keys;
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) mod keys;
 mod read;
 mod truncate;
 
-pub use append::{
-    Appended, Guarded, MAX_RECORD_BYTES, PreparedAppend, append, append_at, prepare_append,
-};
-pub use checkpoint::{
-    Checkpoint, CheckpointMark, load_restore_point, verify_checkpoint_against_history,
-    write_checkpoint,
-};
-pub use digest::{GENESIS_DIGEST, chain_digest};
+pub use append::{Appended, Guarded, MAX_RECORD_BYTES, append};
+pub use checkpoint::{Checkpoint, CheckpointMark, load_restore_point, write_checkpoint};
 pub use head::{HeadSnapshot, LogHead, read_head};
 pub use read::{LogPage, LogRecord, read_log, replay};
 pub use truncate::truncate_before;
 
+// The steps the engine composes itself (an append at a head it already read, the digest chain,
+// the audit of a checkpoint), public only to the tests that check them one by one.
+#[cfg(feature = "test-hooks")]
+pub use append::{PreparedAppend, append_at, prepare_append};
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) use append::{append_at, prepare_append};
+#[cfg(feature = "test-hooks")]
+pub use checkpoint::verify_checkpoint_against_history;
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) use checkpoint::verify_checkpoint_against_history;
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) use digest::GENESIS_DIGEST;
+#[cfg(feature = "test-hooks")]
+pub use digest::{GENESIS_DIGEST, chain_digest};
+
 /// How many times [`append`] re-reads a head that moved under it before answering
 /// [`crate::Error::Unavailable`].
+#[cfg(feature = "test-hooks")]
 pub const APPEND_RETRIES: usize = 16;
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) const APPEND_RETRIES: usize = 16;
 
 /// Rows read per page while replaying or verifying history.
+#[cfg(feature = "test-hooks")]
 pub const REPLAY_PAGE: usize = 256;
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) const REPLAY_PAGE: usize = 256;
 
 /// The first byte of every row format version written by this module. A row carrying a newer
 /// version is refused with [`Error::UnsupportedVersion`](crate::Error::UnsupportedVersion).

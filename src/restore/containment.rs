@@ -45,6 +45,7 @@ impl ReasonKind {
 
 /// Why an entity is contained: a kind and the detail.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Containment {
     /// The step and way it failed.
     pub kind: ReasonKind,

@@ -75,7 +75,8 @@ impl<M: StateMachine> Restorer<M> {
         record: &[u8],
         extra: &Batch,
     ) -> Result<Deferral> {
-        let key = keys::deferred_key(self.config.incarnation, arrival);
+        let term = (self.config.defer_term)(entity.namespace())?;
+        let key = keys::deferred_key(term, arrival);
         let mut batch = Batch::new().absent(key.clone());
         for guard in extra.guards() {
             batch = batch.guard(guard.clone());

@@ -3,8 +3,20 @@
 //! | key | value |
 //! | --- | --- |
 //! | `\0entity` | registration marker: the incarnation that registered the entity |
-//! | `\0defer.` + incarnation (8 bytes BE) + arrival (8 bytes BE) | one deferred record (SPEC R8) |
+//! | `\0defer.` + `0x01` + term (8 bytes BE) + arrival (8 bytes BE) | one deferred record (SPEC R8) |
 //! | `\0repair` | the last unclean incarnation this entity was repaired for (SPEC R3) |
+//!
+//! A deferred row is keyed by the *term* of the namespace holding it was accepted under (the
+//! owner row's term, one per adoption by any owner, increasing: SPEC F11) and the accepting
+//! engine's arrival counter. One term belongs to one engine, so keys are unique across owners
+//! sharing a store, and key order is acceptance order across hand-overs: a new owner's term
+//! begins after the old owner's last accepted row (after revocation completed, or after it
+//! released the namespace).
+//!
+//! Rows of the earlier format, `\0defer.` + incarnation (8 bytes BE) + arrival (8 bytes BE),
+//! stay readable: they fall in the same range, and since an incarnation number's first byte
+//! is `0x00` (below 2^56) they sort before every row of the current format, which were all
+//! accepted after them. The drain moves both kinds into the log alike.
 
 use crate::store::KeyRange;
 
@@ -22,11 +34,16 @@ pub fn repair_key() -> Vec<u8> {
     REPAIR.to_vec()
 }
 
-/// The key of a deferred record; key order is arrival order across incarnations.
-pub fn deferred_key(incarnation: u64, arrival: u64) -> Vec<u8> {
-    let mut key = Vec::with_capacity(DEFER_PREFIX.len() + 16);
+/// The format tag of deferred rows keyed by namespace term (see the module docs).
+const DEFER_BY_TERM: u8 = 0x01;
+
+/// The key of a deferred record accepted under namespace term `term` as the accepting engine's
+/// `arrival`-th deferral; key order is acceptance order across owners and hand-overs.
+pub fn deferred_key(term: u64, arrival: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(DEFER_PREFIX.len() + 17);
     key.extend_from_slice(DEFER_PREFIX);
-    key.extend_from_slice(&incarnation.to_be_bytes());
+    key.push(DEFER_BY_TERM);
+    key.extend_from_slice(&term.to_be_bytes());
     key.extend_from_slice(&arrival.to_be_bytes());
     key
 }

@@ -1,6 +1,6 @@
 //! Lazy restore (SPEC R1-R10).
 //!
-//! Owns: the registry of entities ([`Restorer`]), the pending set with one gate per entity
+//! Owns: the registry of entities (`Restorer`), the pending set with one gate per entity
 //! (`Pending -> Running -> Restored | Contained`, plus a fail-closed `Damaged`), the restore
 //! unit (checkpoint, tail replay, deferred work, unclean-restart repair, owed checkpoint),
 //! containment with named reasons ([`Containment`]), the background [`Warm`], and telemetry
@@ -15,7 +15,7 @@
 //!   unit) or close a cycle of units waiting for each other is refused with
 //!   [`Error::WouldDeadlock`](crate::Error::WouldDeadlock) (R11);
 //! - a refusing unit contains only its entity, with the same named refusal for every later
-//!   toucher, until [`Restorer::release`] (R4);
+//!   toucher, until [`Engine::release`](crate::Engine::release) (R4);
 //! - a thread that unwinds while owning a gate leaves the entity refused, never silently
 //!   re-replayed (R5);
 //! - the warm runs with bounded parallelism and can be waited on or stopped (R6);
@@ -29,7 +29,10 @@
 mod containment;
 mod defer;
 mod gate;
+#[cfg(feature = "test-hooks")]
 pub mod keys;
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) mod keys;
 mod machine;
 mod passivate;
 mod registry;
@@ -45,12 +48,14 @@ use crate::entity::Namespace;
 
 pub use containment::{Containment, ReasonKind};
 pub use machine::{ApplyContext, Origin, Rejection, StateMachine};
-pub use passivate::{PassivationStats, Pinned};
-pub use registry::{Deferral, PhaseCounts, Restorer, Slot};
+pub use passivate::PassivationStats;
+pub(crate) use passivate::Pinned;
+pub use registry::PhaseCounts;
+pub(crate) use registry::{Deferral, Restorer, Slot};
 pub(crate) use restoring::Mark as CallMark;
 pub use telemetry::Metrics;
-pub(crate) use unit::Unsettled;
-pub use unit::{Loaded, UnitReport};
+pub use unit::UnitReport;
+pub(crate) use unit::{Loaded, Unsettled};
 pub(crate) use warm::start as start_warm;
 pub use warm::{REFUSED_NAMED, Warm, WarmProgress};
 
@@ -58,17 +63,24 @@ pub use warm::{REFUSED_NAMED, Warm, WarmProgress};
 /// each is owed one unclean-restart repair per entity, in increasing order (SPEC R3, F11). An
 /// error means the engine does not serve the namespace now; the restore is then retried later,
 /// never contained.
-pub type OwedRepairs = Arc<dyn Fn(&Namespace) -> crate::Result<Arc<Vec<u64>>> + Send + Sync>;
+pub(crate) type OwedRepairs = Arc<dyn Fn(&Namespace) -> crate::Result<Arc<Vec<u64>>> + Send + Sync>;
+
+/// Answers the term of the namespace holding a deferral is accepted under (SPEC R8, F11):
+/// deferred rows are keyed by it, so rows of different owners never collide and sort in
+/// acceptance order. An error means the engine does not serve the namespace now.
+pub(crate) type DeferTerm = Arc<dyn Fn(&Namespace) -> crate::Result<u64> + Send + Sync>;
 
 /// What the restore unit needs to know about this incarnation.
 #[derive(Clone)]
-pub struct RestoreConfig {
+pub(crate) struct RestoreConfig {
     /// A checkpoint is owed when a unit folds more records than this (SPEC R3).
     pub checkpoint_tail_bound: u64,
     /// This incarnation's number (1, 2, 3 ...).
     pub incarnation: u64,
     /// The repairs owed to an entity's namespace; asked at the start of each unit.
     pub owed_repairs: OwedRepairs,
+    /// The term deferred rows of an entity's namespace are keyed by; asked per deferral.
+    pub defer_term: DeferTerm,
 }
 
 impl std::fmt::Debug for RestoreConfig {
@@ -77,5 +89,34 @@ impl std::fmt::Debug for RestoreConfig {
             .field("checkpoint_tail_bound", &self.checkpoint_tail_bound)
             .field("incarnation", &self.incarnation)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// E2: the registry is shared by every engine thread and the warm's workers.
+    #[test]
+    fn e2_the_registry_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        fn for_any_machine<M: super::StateMachine>() {
+            assert_send_sync::<super::Restorer<M>>();
+        }
+        for_any_machine::<crate::typed::Typed<Never>>();
+    }
+
+    struct Never;
+
+    impl crate::typed::TypedMachine for Never {
+        type Record = ();
+        type State = ();
+        fn fresh(&self, _: &crate::EntityId) {}
+        fn apply(
+            &self,
+            _: &mut (),
+            _: &super::ApplyContext<'_>,
+            _: (),
+        ) -> Result<(), super::Rejection> {
+            Ok(())
+        }
     }
 }

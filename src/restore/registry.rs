@@ -76,6 +76,7 @@ pub enum Deferral {
 
 /// Counts of entities by phase.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PhaseCounts {
     /// Registered entities.
     pub entities: u64,
@@ -133,11 +134,6 @@ impl<M: StateMachine> Restorer<M> {
     /// The application's state machine.
     pub fn machine(&self) -> &M {
         &self.machine
-    }
-
-    /// The store.
-    pub fn store(&self) -> &dyn Store {
-        &*self.store
     }
 
     /// The metrics hook, if any.

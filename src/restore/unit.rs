@@ -57,6 +57,7 @@ pub(crate) struct Unsettled {
 
 /// What one restore unit did (SPEC R9).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UnitReport {
     /// The checkpoint restore started from, if any.
     pub checkpoint_seq: Option<u64>,

@@ -19,6 +19,7 @@ use crate::error::Error;
 
 /// How far a warm has come.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WarmProgress {
     /// Entities handled (restored, found restored, or refused).
     pub done: u64,

@@ -18,13 +18,16 @@ pub use etcd::{
 };
 
 pub use file::{
-    CompactionReport, CrashPoint, DamagedRecord, FailMode, FaultFs, FileStore, FileStoreBuilder,
-    OpenMode, OpenReport, OsFs, PathKind, RefusedPartition, StoreDamage, SyncPolicy, TornTail, Vfs,
-    VfsFile, VfsLock,
+    CompactionReport, DamagedRecord, FileStore, FileStoreBuilder, OpenReport, RefusedPartition,
+    StoreDamage, SyncPolicy, TornTail,
 };
 
+// The file layer and the fault-injecting disk, public only to the crash and fault tests
+// (feature `fault-injection`).
 #[cfg(feature = "fault-injection")]
-pub use file::SkipSync;
+pub use file::{
+    CrashPoint, FailMode, FaultFs, OpenMode, OsFs, PathKind, SkipSync, Vfs, VfsFile, VfsLock,
+};
 pub(crate) use file::{FileCheck, FileState, check_unopened};
 pub use iter::{ENTRIES_PAGE, Entries};
 pub use memory::MemoryStore;

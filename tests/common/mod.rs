@@ -14,5 +14,7 @@ pub mod engine;
 pub mod etcd;
 pub mod layout;
 pub mod logs;
+pub mod owners;
 pub mod rng;
 pub mod workload;
+pub mod world;

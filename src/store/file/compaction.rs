@@ -20,7 +20,7 @@ use super::Inner;
 use super::format::{self, FRAME_LEN, RecordKind, SEGMENT_HEADER_LEN, ValueLoc, loc_segment};
 use super::journal::segment_file_name;
 use super::partition::{self, PartState};
-use super::vfs::VfsFile;
+use super::window::Window;
 use crate::error::{Error, Result};
 use crate::store::{Op, Partition};
 
@@ -211,45 +211,6 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
     Ok(report)
 }
 
-/// Bytes of a segment held at once while compaction reads it.
-const SCAN_WINDOW: usize = 1 << 20;
-
-/// A window over a segment file: reads it in pieces of at most [`SCAN_WINDOW`] bytes, so a
-/// segment of any size is scanned in bounded memory.
-struct Window<'a> {
-    file: &'a dyn VfsFile,
-    len: u64,
-    start: u64,
-    buf: Vec<u8>,
-    filled: usize,
-}
-
-impl<'a> Window<'a> {
-    fn new(file: &'a dyn VfsFile, len: u64) -> Self {
-        Window {
-            file,
-            len,
-            start: 0,
-            buf: vec![0u8; SCAN_WINDOW],
-            filled: 0,
-        }
-    }
-
-    /// Up to `n` bytes (at most the window) at `at`; fewer only at the end of the file.
-    fn get(&mut self, at: u64, n: usize) -> std::io::Result<&[u8]> {
-        let n = n.min(SCAN_WINDOW);
-        let inside = at >= self.start && at + n as u64 <= self.start + self.filled as u64;
-        if !inside {
-            self.start = at;
-            self.filled = (self.len.saturating_sub(at) as usize).min(SCAN_WINDOW);
-            self.file.read_exact_at(&mut self.buf[..self.filled], at)?;
-        }
-        let from = (at - self.start) as usize;
-        let to = (from + n).min(self.filled);
-        Ok(&self.buf[from..to])
-    }
-}
-
 /// The names of the partitions with a record in a segment, read through a bounded window.
 /// Fails on any damage.
 fn partitions_in_segment(inner: &Inner, number: u32) -> Result<HashSet<Vec<u8>>> {
@@ -275,26 +236,12 @@ fn partitions_in_segment(inner: &Inner, number: u32) -> Result<HashSet<Vec<u8>>>
         }
         // The name comes first in the body: 1 byte of length, at most 255 bytes, a location.
         let head = window
-            .get(body_at, body_len.min(264) as usize)
+            .get(body_at, body_len.min(format::BODY_HEAD_MAX as u64) as usize)
             .map_err(io)?;
         let (name, _) = format::decode_body_head(head).ok_or_else(damaged)?;
         names.insert(name.to_vec());
-        let mut crc = 0u32;
-        let mut done = 0u64;
-        while done < body_len {
-            let piece = window
-                .get(
-                    body_at + done,
-                    (body_len - done).min(SCAN_WINDOW as u64) as usize,
-                )
-                .map_err(io)?;
-            if piece.is_empty() {
-                return Err(damaged());
-            }
-            crc = crc32c::crc32c_append(crc, piece);
-            done += piece.len() as u64;
-        }
-        if crc != frame.body_crc {
+        let crc = window.crc(body_at, body_len).map_err(io)?;
+        if crc != Some(frame.body_crc) {
             return Err(damaged());
         }
         at = body_at + body_len;

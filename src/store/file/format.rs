@@ -437,6 +437,10 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The most bytes [`decode_body_head`] reads: the name's length (1), the name (at most 255) and
+/// the previous-record location (8).
+pub const BODY_HEAD_MAX: usize = 1 + 255 + 8;
+
 /// Reads only the partition name and the previous-record location of a body.
 pub fn decode_body_head(body: &[u8]) -> Option<(&[u8], Loc)> {
     let mut r = Reader { bytes: body, at: 0 };

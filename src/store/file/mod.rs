@@ -16,6 +16,7 @@ mod compaction;
 mod container;
 mod damage;
 mod durability;
+#[cfg(any(test, feature = "fault-injection"))]
 mod fault;
 mod format;
 mod journal;
@@ -26,6 +27,7 @@ mod segments;
 mod unload;
 mod verify;
 mod vfs;
+mod window;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -40,11 +42,16 @@ pub use compaction::CompactionReport;
 pub use damage::{RefusedPartition, StoreDamage};
 #[cfg(feature = "fault-injection")]
 pub use fault::skip::SkipSync;
+#[cfg(feature = "fault-injection")]
 pub use fault::{CrashPoint, FailMode, FaultFs};
 pub use journal::SyncPolicy;
 pub use recovery::{DamagedRecord, TornTail};
 pub(crate) use verify::{FileCheck, FileState, check_unopened};
+// The file layer, public only to the crash and fault tests (feature `fault-injection`).
+#[cfg(feature = "fault-injection")]
 pub use vfs::{OpenMode, OsFs, PathKind, Vfs, VfsFile, VfsLock};
+#[cfg(not(feature = "fault-injection"))]
+pub(crate) use vfs::{OsFs, PathKind, Vfs, VfsLock};
 
 use self::format::{Loc, MAX_BODY_LEN, RecordKind, ValueLoc};
 use self::journal::Journal;
@@ -202,8 +209,17 @@ impl std::fmt::Debug for AppendObserver {
 }
 
 impl FileStoreBuilder {
-    /// The file layer (default: the operating system's). Tests pass a fault-injecting one.
+    /// Test only (feature `fault-injection`): the file layer (default: the operating
+    /// system's). Crash tests pass a fault-injecting one.
+    #[cfg(feature = "fault-injection")]
     pub fn vfs(mut self, vfs: Arc<dyn Vfs>) -> Self {
+        self.vfs = vfs;
+        self
+    }
+
+    /// The file layer; the inspector passes one that never changes the directory.
+    #[cfg(not(feature = "fault-injection"))]
+    pub(crate) fn vfs(mut self, vfs: Arc<dyn Vfs>) -> Self {
         self.vfs = vfs;
         self
     }

@@ -3,9 +3,10 @@
 //!
 //! Reads go to the disk. Whatever the store would write while it opens and recovers (a torn
 //! tail cut off, a snapshot rebuilt, a damaged segment set aside) goes to memory instead, and is
-//! gone when the overlay is dropped: a file is copied into memory on its first change, new files
-//! live only in memory, removals and renames are recorded, syncs do nothing. Files on disk are
-//! only ever opened for reading.
+//! gone when the overlay is dropped: a file is copied into memory on its first change (a write
+//! of the bytes the disk already holds is no change: open rewrites the journal it scanned over
+//! itself, and that copies nothing), new files live only in memory, removals and renames are
+//! recorded, syncs do nothing. Files on disk are only ever opened for reading.
 //!
 //! Files read but never changed are held only while a handle on them lives (the overlay keeps a
 //! weak reference, so two handles on one path still share one view): inspecting a journal of
@@ -95,6 +96,27 @@ impl CowFile {
     }
 }
 
+impl CowFile {
+    /// Whether the disk holds `buf` at `offset`, so that writing it to a file with no copy
+    /// would change nothing (open writes the journal it scanned over itself
+    /// before syncing it; copying a whole segment into memory for that would be wasted).
+    fn disk_holds(&self, buf: &[u8], offset: u64) -> io::Result<bool> {
+        let disk = self
+            .disk
+            .as_ref()
+            .expect("a file without a copy is on disk");
+        let mut there = vec![0u8; buf.len()];
+        let mut got = 0;
+        while got < there.len() {
+            match disk.read_at(&mut there[got..], offset + got as u64)? {
+                0 => return Ok(false),
+                n => got += n,
+            }
+        }
+        Ok(there == buf)
+    }
+}
+
 impl VfsFile for CowFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
         if let Some(copy) = self.copy.lock().as_ref() {
@@ -107,6 +129,13 @@ impl VfsFile for CowFile {
     }
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        {
+            // Held while comparing, so no copy can be made (and changed) meanwhile.
+            let copy = self.copy.lock();
+            if copy.is_none() && self.disk_holds(buf, offset)? {
+                return Ok(());
+            }
+        }
         self.with_copy(|copy| {
             let end = offset as usize + buf.len();
             if copy.len() < end {

@@ -16,21 +16,26 @@
 //!   is every partition the store does not know, until an operator accepts the damage. Nothing
 //!   is ever rolled back silently.
 //!
+//! Each segment is read through a bounded [`Window`], so open holds about a megabyte whatever
+//! the size of a segment or a record.
+//!
 //! What recovery finds is returned as a [`Damage`], which the store persists with every heads
 //! snapshot and manifest so that a refusal survives close and reopen.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
 pub use super::damage::Damage;
 use super::damage::{Ranges, at_str, shown};
 use super::format::{
-    self, FRAME_LEN, Loc, SEGMENT_HEADER_LEN, decode_body_head, decode_frame, loc, loc_offset,
-    loc_segment, partition_hash,
+    self, BODY_HEAD_MAX, FRAME_LEN, Loc, SEGMENT_HEADER_LEN, decode_body_head, decode_frame, loc,
+    loc_offset, loc_segment, partition_hash,
 };
 use super::journal::{JournalTail, Segment, create_segment, new_salt, parse_segment_file_name};
 use super::vfs::{OpenMode, Vfs, VfsFile};
+use super::window::Window;
 use crate::error::{Error, Result};
 
 /// A damaged record or range found at open.
@@ -49,6 +54,7 @@ pub struct DamagedRecord {
 
 /// A torn tail truncated at open.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TornTail {
     /// Segment number.
     pub segment: u32,
@@ -190,47 +196,49 @@ enum Probe {
     Bad,
 }
 
-fn probe(bytes: &[u8], at: usize, seed: u32) -> Probe {
-    let Some(frame) = bytes
-        .get(at..at + FRAME_LEN)
-        .and_then(|h| decode_frame(seed, h))
-    else {
-        return Probe::Bad;
+/// Checks the record at `at`: its frame, then its body's name against the frame's hash, then
+/// the body's checksum, read through the window (a body larger than it is checksummed piece
+/// by piece, never held whole).
+fn probe(w: &mut Window, at: u64, seed: u32) -> io::Result<Probe> {
+    let Some(frame) = decode_frame(seed, w.get(at, FRAME_LEN)?) else {
+        return Ok(Probe::Bad);
     };
-    let body_start = at + FRAME_LEN;
-    let Some(body) = bytes.get(body_start..body_start + frame.body_len as usize) else {
-        return Probe::Bad;
+    let body_at = at + FRAME_LEN as u64;
+    let body_len = frame.body_len as u64;
+    if body_at + body_len > w.len() {
+        return Ok(Probe::Bad);
+    }
+    let head = w.get(body_at, body_len.min(BODY_HEAD_MAX as u64) as usize)?;
+    let (name, prev) = match decode_body_head(head) {
+        Some((name, prev)) if partition_hash(name) == frame.partition_hash => (name.to_vec(), prev),
+        _ => return Ok(Probe::Bad),
     };
-    if format::body_crc(body) != frame.body_crc {
-        return Probe::Bad;
+    if w.crc(body_at, body_len)? != Some(frame.body_crc) {
+        return Ok(Probe::Bad);
     }
-    match decode_body_head(body) {
-        Some((name, prev)) if partition_hash(name) == frame.partition_hash => {
-            Probe::Valid(frame, name.to_vec(), prev, (FRAME_LEN + body.len()) as u64)
-        }
-        _ => Probe::Bad,
-    }
+    Ok(Probe::Valid(frame, name, prev, FRAME_LEN as u64 + body_len))
 }
 
 /// Finds the first valid record at or after `from` with an LSN above `after_lsn`.
 fn find_valid(
-    bytes: &[u8],
-    from: usize,
+    w: &mut Window,
+    from: u64,
     seed: u32,
     after_lsn: Option<u64>,
-) -> Option<(usize, format::Frame)> {
+) -> io::Result<Option<(u64, format::Frame)>> {
     let mut at = from;
-    while at + FRAME_LEN <= bytes.len() {
+    while at + FRAME_LEN as u64 <= w.len() {
         // Cheap filter before the checksum: the LSN field must be plausible.
-        let lsn = u64::from_le_bytes(bytes[at + 9..at + 17].try_into().unwrap());
+        let f = w.get(at, FRAME_LEN)?;
+        let lsn = u64::from_le_bytes(f[9..17].try_into().unwrap());
         if after_lsn.is_none_or(|after| lsn > after && lsn - after < (1 << 32))
-            && let Probe::Valid(frame, ..) = probe(bytes, at, seed)
+            && let Probe::Valid(frame, ..) = probe(w, at, seed)?
         {
-            return Some((at, frame));
+            return Ok(Some((at, frame)));
         }
         at += 1;
     }
-    None
+    Ok(None)
 }
 
 /// Who a damaged record belonged to, when the evidence agrees: a header that still validates,
@@ -238,47 +246,37 @@ fn find_valid(
 struct Candidate {
     hash: u64,
     name: Option<Vec<u8>>,
-    /// Where the record claims to end (relative to the bytes it was found in).
-    end: usize,
+    /// Where the record claims to end (an offset in its segment).
+    end: u64,
 }
 
-fn attribute(bytes: &[u8], at: usize, seed: u32) -> Option<Candidate> {
-    let body = bytes.get(at + FRAME_LEN..).unwrap_or(&[]);
+fn attribute(w: &mut Window, at: u64, seed: u32) -> io::Result<Option<Candidate>> {
+    // The frame and the head of the body are all the evidence there is.
+    let bytes = w.get(at, FRAME_LEN + BODY_HEAD_MAX)?;
+    let body = bytes.get(FRAME_LEN..).unwrap_or(&[]);
     let name_of = |hash: u64| {
         decode_body_head(body)
             .map(|(n, _)| n.to_vec())
             .filter(|n| partition_hash(n) == hash)
     };
-    if let Some(frame) = bytes
-        .get(at..at + FRAME_LEN)
-        .and_then(|h| decode_frame(seed, h))
-    {
-        return Some(Candidate {
+    if let Some(frame) = bytes.get(..FRAME_LEN).and_then(|h| decode_frame(seed, h)) {
+        return Ok(Some(Candidate {
             hash: frame.partition_hash,
             name: name_of(frame.partition_hash),
-            end: at + FRAME_LEN + frame.body_len as usize,
-        });
+            end: at + (FRAME_LEN + frame.body_len as usize) as u64,
+        }));
     }
-    let field = |from: usize, to: usize| bytes.get(at + from..at + to);
-    let claimed = u64::from_le_bytes(field(17, 25)?.try_into().unwrap());
-    let body_len = u32::from_le_bytes(field(4, 8)?.try_into().unwrap()) as usize;
-    let name = name_of(claimed)?;
-    Some(Candidate {
+    let field = |from: usize, to: usize| bytes.get(from..to);
+    let (Some(claimed), Some(body_len)) = (field(17, 25), field(4, 8)) else {
+        return Ok(None);
+    };
+    let claimed = u64::from_le_bytes(claimed.try_into().unwrap());
+    let body_len = u32::from_le_bytes(body_len.try_into().unwrap()) as usize;
+    Ok(name_of(claimed).map(|name| Candidate {
         hash: claimed,
         name: Some(name),
-        end: at + FRAME_LEN + body_len,
-    })
-}
-
-/// Reads a segment from `from` to its end: open reads only the journal after the snapshot.
-fn read_from(file: &Arc<dyn VfsFile>, number: u32, from: u64) -> Result<Vec<u8>> {
-    let len = file
-        .len()
-        .map_err(|e| Error::io(format!("sizing segment {number}"), e))?;
-    let mut bytes = vec![0u8; len.saturating_sub(from) as usize];
-    file.read_exact_at(&mut bytes, from)
-        .map_err(|e| Error::io(format!("reading segment {number}"), e))?;
-    Ok(bytes)
+        end: at + (FRAME_LEN + body_len) as u64,
+    }))
 }
 
 /// Scans the journal from `start` (segment, offset) and LSN `start_lsn` (None: accept the
@@ -384,14 +382,14 @@ pub fn scan(
                 },
             );
         }
-        // `bytes` starts at `base`; positions below are relative to it.
+        // The scan starts at `base` and reads through a bounded window.
         let base = if number == start_segment {
             start_offset
         } else {
             SEGMENT_HEADER_LEN
         };
-        let bytes = read_from(&segment.file, number, base)?;
-        if number == start_segment && lens.get(&number).is_some_and(|&l| l < start_offset) {
+        let len = lens.get(&number).copied().unwrap_or(0);
+        if number == start_segment && len < start_offset {
             let cause = format!(
                 "segment {number} is shorter than the heads snapshot's position {start_offset}"
             );
@@ -403,30 +401,32 @@ pub fn scan(
                 detail: cause,
             });
         }
-        let mut at = 0usize;
+        let read = |e| Error::io(format!("reading segment {number}"), e);
+        let mut w = Window::new(&*segment.file, len);
+        let mut at = base;
         // Every segment but the newest was synced before the next one was created.
         let is_last = Some(number) == numbers.last().copied();
-        while at < bytes.len() {
-            let here = loc(number, base + at as u64);
-            let valid = match probe(&bytes, at, segment.seed) {
-                Probe::Valid(frame, name, prev, len)
+        while at < len {
+            let here = loc(number, at);
+            let valid = match probe(&mut w, at, segment.seed).map_err(read)? {
+                Probe::Valid(frame, name, prev, record_len)
                     if expected.is_none_or(|e| frame.lsn >= e && frame.lsn - e < (1 << 32)) =>
                 {
-                    Some((frame, name, prev, len))
+                    Some((frame, name, prev, record_len))
                 }
                 _ => None,
             };
-            if let Some((frame, name, prev, len)) = valid {
+            if let Some((frame, name, prev, record_len)) = valid {
                 if let Some(e) = expected
                     && frame.lsn > e
-                    && !(lsn_may_skip && at == 0 && base == SEGMENT_HEADER_LEN)
+                    && !(lsn_may_skip && at == SEGMENT_HEADER_LEN && base == SEGMENT_HEADER_LEN)
                 {
                     let cause = format!("records {e} to {} are missing", frame.lsn - 1);
                     if ranges.open(last_end, expected, cause.clone()) {
                         log::error!("journal {}: {cause}", at_str(here));
                         records.push(DamagedRecord {
                             segment: number,
-                            offset: base + at as u64,
+                            offset: at,
                             partition: None,
                             detail: cause,
                         });
@@ -436,14 +436,14 @@ pub fn scan(
                 ranges.judge(&name, frame.partition_hash, frame.kind, prev);
                 heads.insert(name.into_boxed_slice(), here);
                 expected = Some(frame.lsn + 1);
-                at += len as usize;
-                last_end = loc(number, base + at as u64);
-                bytes_scanned += len;
+                at += record_len;
+                last_end = loc(number, at);
+                bytes_scanned += record_len;
                 records_scanned += 1;
                 continue;
             }
             let after = expected.map(|e| e.saturating_sub(1));
-            let next = find_valid(&bytes, at + 1, segment.seed, after);
+            let next = find_valid(&mut w, at + 1, segment.seed, after).map_err(read)?;
             // In the last segment, damage is a torn write unless a later record was framed
             // after the damaged one had become durable.
             let durable_damage = match (&next, expected) {
@@ -452,37 +452,35 @@ pub fn scan(
                 (None, _) => false,
             };
             if is_last && !durable_damage {
-                let dropped = bytes.len() as u64 - at as u64;
-                let cut = base + at as u64;
+                let dropped = len - at;
                 log::warn!(
-                    "journal segment {number}: torn tail at offset {cut}, truncating {dropped} bytes of unacknowledged writes"
+                    "journal segment {number}: torn tail at offset {at}, truncating {dropped} bytes of unacknowledged writes"
                 );
                 segment
                     .file
-                    .set_len(cut)
+                    .set_len(at)
                     .and_then(|()| segment.file.sync_data())
                     .map_err(|e| Error::io(format!("truncating segment {number}"), e))?;
                 torn_tail = Some(TornTail {
                     segment: number,
-                    offset: cut,
+                    offset: at,
                     bytes_dropped: dropped,
                 });
-                end_of_tail = cut;
+                end_of_tail = at;
                 break 'segments;
             }
-            let candidate = attribute(&bytes, at, segment.seed);
+            let candidate = attribute(&mut w, at, segment.seed).map_err(read)?;
             let partition = candidate
                 .as_ref()
                 .and_then(|c| c.name.as_deref())
                 .map(shown);
-            let offset = base + at as u64;
             log::error!(
-                "journal segment {number} offset {offset}: damaged record (partition {})",
+                "journal segment {number} offset {at}: damaged record (partition {})",
                 partition.as_deref().unwrap_or("unknown")
             );
             records.push(DamagedRecord {
                 segment: number,
-                offset,
+                offset: at,
                 partition,
                 detail: "damaged record".into(),
             });
@@ -493,7 +491,7 @@ pub fn scan(
             ) && here == last_end
                 && let (Some(c), Some(open)) = (candidate, ranges.open.as_mut())
             {
-                open.candidate = Some((c.hash, c.name, loc(number, base + c.end as u64)));
+                open.candidate = Some((c.hash, c.name, loc(number, c.end)));
             }
             match next {
                 Some((next_at, _)) => at = next_at,
@@ -502,7 +500,7 @@ pub fn scan(
                 None => continue 'segments,
             }
         }
-        end_of_tail = base + at as u64;
+        end_of_tail = at;
     }
     // The segment the heads snapshot points into, and everything after it, is gone.
     if start.is_some() && numbers.last().is_none_or(|&n| n < start_segment) {

@@ -1,0 +1,122 @@
+//! [`Window`]: a bounded buffer over a segment file, through which open's journal scan and
+//! compaction read records (SPEC S8). A segment of any size, and a record of any size, is read
+//! with at most [`WINDOW`] bytes held at once: frames and body heads come from the buffer, and a
+//! body's checksum is computed piece by piece as the buffer moves through it.
+//!
+//! Reading moves forward: the buffer is refilled from the first byte asked for that it does not
+//! hold, so a sequential walk reads every byte once. Calls only the file layer.
+
+use std::io;
+
+use super::vfs::VfsFile;
+
+/// Bytes of a segment held at once.
+pub const WINDOW: usize = 1 << 20;
+
+/// A window over the first `len` bytes of a file.
+pub struct Window<'a> {
+    file: &'a dyn VfsFile,
+    len: u64,
+    /// File offset of `buf[0]`.
+    start: u64,
+    buf: Vec<u8>,
+    filled: usize,
+}
+
+impl<'a> Window<'a> {
+    /// A window over `file`, whose length is taken to be `len`. Allocates at most [`WINDOW`]
+    /// bytes (less for a smaller file).
+    pub fn new(file: &'a dyn VfsFile, len: u64) -> Self {
+        Window {
+            file,
+            len,
+            start: 0,
+            buf: vec![0u8; (len as usize).min(WINDOW)],
+            filled: 0,
+        }
+    }
+
+    /// The length the window reads up to.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Refills the buffer from `at` unless it holds the byte at `at`.
+    fn hold(&mut self, at: u64) -> io::Result<()> {
+        if at >= self.start && at < self.start + self.filled as u64 {
+            return Ok(());
+        }
+        self.refill(at)
+    }
+
+    fn refill(&mut self, at: u64) -> io::Result<()> {
+        self.start = at;
+        self.filled = (self.len.saturating_sub(at) as usize).min(self.buf.len());
+        self.file.read_exact_at(&mut self.buf[..self.filled], at)
+    }
+
+    /// Up to `n` bytes (at most [`WINDOW`]) at `at`; fewer only at the end of the file.
+    pub fn get(&mut self, at: u64, n: usize) -> io::Result<&[u8]> {
+        let n = n.min(self.buf.len());
+        let inside = at >= self.start && at + n as u64 <= self.start + self.filled as u64;
+        if !inside {
+            self.refill(at)?;
+        }
+        let from = (at - self.start) as usize;
+        let to = (from + n).min(self.filled);
+        Ok(&self.buf[from..to])
+    }
+
+    /// The crc32c of the `n` bytes at `at`, read a buffer at a time; `None` if the file ends
+    /// before them.
+    pub fn crc(&mut self, at: u64, n: u64) -> io::Result<Option<u32>> {
+        if at.checked_add(n).is_none_or(|end| end > self.len) {
+            return Ok(None);
+        }
+        let mut crc = 0u32;
+        let mut done = 0u64;
+        while done < n {
+            self.hold(at + done)?;
+            let from = (at + done - self.start) as usize;
+            let to = ((from as u64 + n - done) as usize).min(self.filled);
+            if to <= from {
+                return Ok(None);
+            }
+            crc = crc32c::crc32c_append(crc, &self.buf[from..to]);
+            done += (to - from) as u64;
+        }
+        Ok(Some(crc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::file::vfs::{OpenMode, OsFs, Vfs};
+
+    #[test]
+    fn reads_and_checksums_across_refills() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..(3 * WINDOW + 123))
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = OsFs.open(&path, OpenMode::Read).unwrap();
+        let mut w = Window::new(&*file, bytes.len() as u64);
+        assert_eq!(w.get(5, 10).unwrap(), &bytes[5..15]);
+        let near_end = WINDOW as u64 - 3;
+        assert_eq!(
+            w.get(near_end, 37).unwrap(),
+            &bytes[WINDOW - 3..WINDOW + 34]
+        );
+        for (at, n) in [(0, bytes.len()), (17, 2 * WINDOW + 5), (WINDOW + 1, 1)] {
+            let want = crc32c::crc32c(&bytes[at..at + n]);
+            assert_eq!(w.crc(at as u64, n as u64).unwrap(), Some(want));
+        }
+        assert_eq!(w.crc(10, bytes.len() as u64).unwrap(), None);
+        let end = bytes.len() as u64;
+        assert_eq!(w.get(end - 4, 37).unwrap(), &bytes[bytes.len() - 4..]);
+        assert!(w.get(end, 37).unwrap().is_empty());
+    }
+}
