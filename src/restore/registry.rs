@@ -414,9 +414,9 @@ impl<M: StateMachine> Restorer<M> {
             return error;
         }
         *phase = Phase::Contained(Arc::new(reason.clone()));
-        drop(phase);
         // Its state (if any) is no longer served; emptied when it is released.
         self.residency.left(&slot.life);
+        drop(phase);
         slot.gate.nudge();
         telemetry::contained(
             &self.metrics,
