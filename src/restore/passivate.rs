@@ -236,7 +236,10 @@ impl<M: StateMachine> Restorer<M> {
     }
 
     /// Takes a restored, idle slot's state and makes it pending again.
-    fn try_passivate(&self, slot: &Slot<M::State>) -> std::result::Result<Loaded<M::State>, Kept> {
+    fn try_passivate(
+        &self,
+        slot: &Slot<M::State>,
+    ) -> std::result::Result<Box<Loaded<M::State>>, Kept> {
         let unguarded = self.residency.unguarded();
         // Lock order: the state (never waited for here), then the gate's mutex (a leaf).
         let Some(mut state) = slot.state_lock().try_lock() else {
