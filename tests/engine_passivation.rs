@@ -366,9 +366,12 @@ fn r10_passivation_racing_writes_and_reads_never_loses_a_write_or_serves_stale_s
         total += n;
     }
     assert_eq!(total, (WRITERS * OPS) as u64);
-    let stats = engine.stats().passivation;
+    let stats = engine.stats();
+    let passivation = &stats.passivation;
     assert!(
-        stats.passivations > 0 && stats.reactivations > 0,
-        "{stats:?}"
+        passivation.passivations > 0 && passivation.reactivations > 0,
+        "{passivation:?}"
     );
+    // The resident count did not drift from the gates.
+    assert_eq!(passivation.resident, stats.phases.restored, "{stats:?}");
 }

@@ -254,6 +254,35 @@ impl<M: StateMachine> EngineBuilder<M> {
         self
     }
 
+    /// Keeps at most about `partitions` partition indexes of the default file store loaded
+    /// (SPEC S8): idle ones are dropped, least recently touched first, and load again on their
+    /// next touch (see [`FileStoreBuilder::max_loaded_partitions`]). Pair it with
+    /// [`max_resident_entities`](Self::max_resident_entities), which bounds the restored
+    /// states: an entity's partition stays touched while it is restored and written. Default:
+    /// none.
+    ///
+    /// ```
+    /// # use portcullis::typed::{Typed, TypedMachine};
+    /// # use portcullis::{Engine, EntityId, Rejection};
+    /// # struct Count;
+    /// # impl TypedMachine for Count {
+    /// #     type Record = (); type State = u64;
+    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// # }
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let engine = Engine::builder(Typed(Count))
+    ///     .directory(dir.path())
+    ///     .max_resident_entities(1_000)
+    ///     .max_loaded_partitions(1_000)
+    ///     .open()?;
+    /// engine.close()?;
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
+    pub fn max_loaded_partitions(self, partitions: usize) -> Self {
+        self.file_store(move |b| b.max_loaded_partitions(partitions))
+    }
+
     /// Whether a write ([`Engine::write`], [`Engine::append`], [`Engine::defer`] and their
     /// typed forms) to an entity that is not registered registers it first, instead of
     /// answering [`Error::UnknownEntity`]. Default: false, so a misspelt id is an error rather

@@ -115,7 +115,8 @@ impl<S> Residency<S> {
         self.unguarded.load(Ordering::Relaxed)
     }
 
-    /// A slot left `Restored` (contained, failed closed, forgotten, passivated).
+    /// A slot left `Restored` (contained, failed closed, forgotten, passivated). Called under
+    /// the slot's gate mutex, as [`Restorer::activated`] sets the mark.
     pub(crate) fn left(&self, life: &SlotLife) {
         if life.resident.swap(false, Ordering::AcqRel) {
             self.resident.fetch_sub(1, Ordering::AcqRel);
@@ -171,11 +172,19 @@ impl<M: StateMachine> Restorer<M> {
     pub(crate) fn activated(&self, slot: &Arc<Slot<M::State>>) {
         let residency = &self.residency;
         residency.touched(&slot.life);
-        if !slot.life.resident.swap(true, Ordering::AcqRel) {
-            residency.resident.fetch_add(1, Ordering::AcqRel);
-        }
-        if slot.life.passivated.swap(false, Ordering::AcqRel) {
-            residency.reactivations.fetch_add(1, Ordering::Relaxed);
+        {
+            // Under the gate's mutex, like every change out of `Restored` (which clears the
+            // mark): a passivation between the unit's end and here leaves nothing counted.
+            let phase = slot.gate.lock();
+            if !matches!(*phase, Phase::Restored) {
+                return;
+            }
+            if !slot.life.resident.swap(true, Ordering::AcqRel) {
+                residency.resident.fetch_add(1, Ordering::AcqRel);
+            }
+            if slot.life.passivated.swap(false, Ordering::AcqRel) {
+                residency.reactivations.fetch_add(1, Ordering::Relaxed);
+            }
         }
         let Some(budget) = residency.budget else {
             return;
@@ -227,7 +236,10 @@ impl<M: StateMachine> Restorer<M> {
     }
 
     /// Takes a restored, idle slot's state and makes it pending again.
-    fn try_passivate(&self, slot: &Slot<M::State>) -> std::result::Result<Loaded<M::State>, Kept> {
+    fn try_passivate(
+        &self,
+        slot: &Slot<M::State>,
+    ) -> std::result::Result<Box<Loaded<M::State>>, Kept> {
         let unguarded = self.residency.unguarded();
         // Lock order: the state (never waited for here), then the gate's mutex (a leaf).
         let Some(mut state) = slot.state_lock().try_lock() else {
@@ -253,10 +265,10 @@ impl<M: StateMachine> Restorer<M> {
         }
         *phase = PENDING;
         let taken = state.take();
-        drop(phase);
-        drop(state);
         self.residency.left(&slot.life);
         slot.life.passivated.store(true, Ordering::Release);
+        drop(phase);
+        drop(state);
         self.residency.passivations.fetch_add(1, Ordering::Relaxed);
         slot.gate.nudge();
         taken.ok_or(Kept::NotResident)

@@ -27,7 +27,8 @@ use crate::store::{Batch, Outcome, Store};
 pub struct Slot<S> {
     pub(super) entity: EntityId,
     pub(super) gate: Gate,
-    state: Mutex<Option<Loaded<S>>>,
+    /// Boxed: a passivated entity keeps its slot, and an empty one should cost a pointer.
+    state: Mutex<Option<Box<Loaded<S>>>>,
     /// Pins, last touch and residency, for passivation (SPEC R10).
     pub(super) life: SlotLife,
 }
@@ -41,7 +42,7 @@ impl<S> Slot<S> {
     /// Locks the entity's state. `None` means it is not restored (or was just contained).
     /// Take it only after a successful touch, and never wait on another entity's gate while
     /// holding it (lock order: gate, then state).
-    pub fn state(&self) -> MutexGuard<'_, Option<Loaded<S>>> {
+    pub fn state(&self) -> MutexGuard<'_, Option<Box<Loaded<S>>>> {
         self.state.lock()
     }
 
@@ -51,7 +52,7 @@ impl<S> Slot<S> {
         matches!(*self.gate.lock(), Phase::Restored)
     }
 
-    pub(super) fn state_lock(&self) -> &Mutex<Option<Loaded<S>>> {
+    pub(super) fn state_lock(&self) -> &Mutex<Option<Box<Loaded<S>>>> {
         &self.state
     }
 }
@@ -330,7 +331,7 @@ impl<M: StateMachine> Restorer<M> {
         };
         match outcome {
             Ok((loaded, report)) => {
-                *slot.state.lock() = Some(loaded);
+                *slot.state.lock() = Some(Box::new(loaded));
                 // Still inside the unit (no lock held, the restoring mark set): a panic in
                 // telemetry leaves the claim unsettled, and the gate becomes Damaged (SPEC R5).
                 telemetry::restored(&self.metrics, &slot.entity, &report);
@@ -414,9 +415,9 @@ impl<M: StateMachine> Restorer<M> {
             return error;
         }
         *phase = Phase::Contained(Arc::new(reason.clone()));
-        drop(phase);
         // Its state (if any) is no longer served; emptied when it is released.
         self.residency.left(&slot.life);
+        drop(phase);
         slot.gate.nudge();
         telemetry::contained(
             &self.metrics,

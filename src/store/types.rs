@@ -696,8 +696,11 @@ pub struct StoreStats {
     pub bytes_written: u64,
     /// Partitions known to the store.
     pub partitions: u64,
-    /// Partitions whose index is loaded in memory.
+    /// Partitions whose index is loaded in memory now.
     pub partitions_loaded: u64,
+    /// Idle partition indexes dropped under a budget since open (they load again on their next
+    /// touch).
+    pub indexes_dropped: u64,
     /// Journal segments live on disk.
     pub segments: u64,
     /// Compactions completed since open.

@@ -49,7 +49,7 @@ pub fn write_base(
     }
     plan.push(count);
     let mut entries = index.iter().map(|(k, v)| (&**k, v));
-    let place_head = |_, at| state.head.store(at, std::sync::atomic::Ordering::Release);
+    let place_head = |lsn, at| state.place_head(lsn, at);
     if plan.len() == 1 {
         let body = format::encode_base_body(name, partition::head_of(state), entries);
         journal.append(RecordKind::Base, state.hash, &body, place_head)?;

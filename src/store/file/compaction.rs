@@ -140,6 +140,8 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
         let Ok(p) = Partition::new(name) else {
             continue;
         };
+        // Rewriting loads each partition: keep the loaded indexes within their budget.
+        inner.unload_idle();
         let Some(state) = inner.part(&p, false) else {
             continue;
         };
@@ -282,8 +284,8 @@ fn rewrite_partition(inner: &Inner, state: &PartState, victims: &HashSet<u32>) -
             format::encode_batch_body(state.name.as_bytes(), partition::head_of(state), &ops);
         let (lsn, at) = inner
             .journal
-            .append(RecordKind::Batch, state.hash, &body, |_, at| {
-                state.head.store(at, Ordering::Release)
+            .append(RecordKind::Batch, state.hash, &body, |lsn, at| {
+                state.place_head(lsn, at)
             })?;
         drop((ops, body));
         // Each copy is written before the next is read, so the journal's queue holds one

@@ -24,6 +24,7 @@ mod overlay;
 mod partition;
 mod recovery;
 mod segments;
+mod unload;
 mod verify;
 mod vfs;
 mod window;
@@ -184,6 +185,7 @@ pub struct FileStoreBuilder {
     base_every_records: u32,
     auto_compact: bool,
     max_open_segments: usize,
+    max_loaded_partitions: Option<usize>,
     #[cfg(feature = "fault-injection")]
     skip_syncs: std::collections::HashSet<SkipSync>,
     #[cfg(feature = "fault-injection")]
@@ -380,6 +382,32 @@ impl FileStoreBuilder {
         self
     }
 
+    /// Keeps at most about `partitions` partition indexes loaded (SPEC S8): when more are
+    /// loaded, the least recently touched idle ones (no reader, writer or compaction using
+    /// them, no batch waiting to become durable) are dropped down to three quarters of the
+    /// budget, keeping only their name and newest record's location, as open does; their next
+    /// touch loads them again. Partitions in use are never dropped, so the count can exceed the
+    /// budget while more are in use at once. Default: none (an index stays loaded until
+    /// close). At least 1.
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let store = FileStore::builder(dir.path()).max_loaded_partitions(2).open()?;
+    /// for i in 0..10 {
+    ///     let p = Partition::new(format!("p{i}"))?;
+    ///     store.apply(&p, &Batch::new().put(b"k".to_vec(), vec![i]))?;
+    /// }
+    /// assert!(store.stats().partitions_loaded <= 2);
+    /// // A dropped index loads again on its next touch.
+    /// assert_eq!(store.get(&Partition::new("p0")?, b"k")?, Some(vec![0]));
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
+    pub fn max_loaded_partitions(mut self, partitions: usize) -> Self {
+        self.max_loaded_partitions = Some(partitions.max(1));
+        self
+    }
+
     /// Test only (feature `fault-injection`): skips one kind of sync, so a crash test can show
     /// it would catch the sync's absence. Never use this outside a negative control.
     #[cfg(feature = "fault-injection")]
@@ -497,6 +525,8 @@ struct Inner {
     /// Estimated bytes of journal no longer reachable from any index.
     garbage_bytes: AtomicU64,
     background: compaction::Background,
+    /// Unloading idle indexes under `max_loaded_partitions` (SPEC S8).
+    index_budget: unload::IndexBudget,
     /// Dropping the sender stops the periodic sync thread.
     syncer: Mutex<Option<crossbeam::channel::Sender<()>>>,
 }
@@ -581,6 +611,7 @@ impl FileStore {
             base_every_records: 64,
             auto_compact: true,
             max_open_segments: 128,
+            max_loaded_partitions: None,
             #[cfg(feature = "fault-injection")]
             skip_syncs: Default::default(),
             #[cfg(feature = "fault-injection")]
@@ -778,6 +809,7 @@ impl FileStore {
             compactions: AtomicU64::new(0),
             garbage_bytes: AtomicU64::new(garbage),
             background: compaction::Background::default(),
+            index_budget: unload::IndexBudget::default(),
             syncer: Mutex::new(syncer),
         });
         if needs_snapshot {
@@ -960,6 +992,7 @@ impl Inner {
         {
             let table = self.table.read();
             if let Some(state) = table.touched.get(name) {
+                self.touched(state);
                 return Some(state.clone());
             }
             if !create && !table.untouched.contains_key(name) {
@@ -976,6 +1009,7 @@ impl Inner {
             None => return None,
         };
         let state = Arc::new(PartState::new(p.clone(), head));
+        self.touched(&state);
         table.touched.insert(name, state.clone());
         Some(state)
     }
@@ -1054,6 +1088,8 @@ impl Inner {
         };
         self.ensure_loaded(&state)?;
         self.catch_up(&state);
+        // Over budget: drop idle indexes (this one is held, so it stays).
+        self.unload_idle();
         Ok(Some(state))
     }
 
@@ -1402,8 +1438,8 @@ impl Store for FileStore {
             }
             let (body, value_offsets) =
                 format::encode_batch_body(p.as_bytes(), partition::head_of(&state), batch.ops());
-            let (lsn, at) = intent.append(RecordKind::Batch, state.hash, &body, |_, at| {
-                state.head.store(at, Ordering::Release)
+            let (lsn, at) = intent.append(RecordKind::Batch, state.hash, &body, |lsn, at| {
+                state.place_head(lsn, at)
             })?;
             let body_at = at + format::FRAME_LEN as u64;
             let mut offsets = value_offsets.into_iter();
@@ -1450,6 +1486,7 @@ impl Store for FileStore {
         durable?;
         inner.batches.fetch_add(1, Ordering::Relaxed);
         inner.after_commit();
+        inner.unload_idle();
         Ok(Outcome::Committed)
     }
 
@@ -1509,6 +1546,7 @@ impl Store for FileStore {
             segments: inner.journal.live_segments().len() as u64,
             compactions: inner.compactions.load(Ordering::Relaxed),
             garbage_bytes: inner.garbage_bytes.load(Ordering::Relaxed),
+            indexes_dropped: inner.index_budget.unloaded.load(Ordering::Relaxed),
         }
     }
 

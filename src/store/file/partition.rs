@@ -22,10 +22,15 @@ pub struct PartState {
     /// Location of the newest record of this partition's chain, durable or not. Written under
     /// the journal's append mutex so a heads snapshot sees it consistent with journal order.
     pub head: AtomicU64,
+    /// LSN of the record `head` names (0: one found at open, on disk already). Dropping an
+    /// idle index waits until the journal serves it, so a reload can read the whole chain.
+    pub head_lsn: AtomicU64,
     /// LSN of the newest batch appended for this partition.
     pub appended_lsn: AtomicU64,
     /// LSN of the newest batch folded into the readers' view.
     pub folded_lsn: AtomicU64,
+    /// The store's touch counter at this partition's last touch (dropping idle indexes).
+    pub last_touch: AtomicU64,
     pub commit: Mutex<CommitState>,
     pub view: RwLock<View>,
 }
@@ -80,8 +85,10 @@ impl PartState {
             name,
             hash,
             head: AtomicU64::new(head),
+            head_lsn: AtomicU64::new(0),
             appended_lsn: AtomicU64::new(0),
             folded_lsn: AtomicU64::new(0),
+            last_touch: AtomicU64::new(0),
             commit: Mutex::new(CommitState {
                 load: Load::NotLoaded,
                 pending: VecDeque::new(),
@@ -89,6 +96,13 @@ impl PartState {
             }),
             view: RwLock::new(View::default()),
         }
+    }
+
+    /// Records the newest record of the chain (called under the journal's append mutex, in
+    /// journal order).
+    pub fn place_head(&self, lsn: u64, at: Loc) {
+        self.head_lsn.store(lsn, Ordering::Release);
+        self.head.store(at, Ordering::Release);
     }
 
     pub fn corrupt_error(&self, detail: &str) -> Error {
