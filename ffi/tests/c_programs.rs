@@ -141,12 +141,9 @@ fn e3_c_fencing_hand_over() {
     check("fencing");
 }
 
-/// Under the sanitizers only: see the comment at the top of `tests/c/revoke.c`.
 #[test]
 fn e3_c_revocation_to_completion() {
-    if let Err(e) = under_sanitizers("revoke") {
-        panic!("revoke failed under AddressSanitizer/UBSan: {e}");
-    }
+    check("revoke");
 }
 
 #[test]
@@ -159,13 +156,11 @@ fn e3_c_many_threads_while_callbacks_run_on_the_pool() {
     check("threads");
 }
 
-/// The README's C example compiles and does what it says. Under the sanitizers only: it runs
-/// with the default options, so the lease sweeper is on (see `tests/c/revoke.c`).
+/// The README's C example compiles and does what it says, with the default options (the lease
+/// sweeper on).
 #[test]
 fn e3_the_readme_c_example_runs() {
-    if let Err(e) = under_sanitizers("readme") {
-        panic!("the README's example failed under AddressSanitizer/UBSan: {e}");
-    }
+    check("readme");
 }
 
 /// The negative control of both lanes: a program that leaks a returned buffer, and one that

@@ -186,6 +186,17 @@ pub(super) struct Drivers {
     ended: Condvar,
 }
 
+impl Drivers {
+    /// A driver enlisted as `id` has ended. A driver calls this last, after it dropped
+    /// everything it held (its fence clone, so the store): `stop_drivers`, and with it an
+    /// engine's `close`, returns once every driver ended, and must not leave a thread still
+    /// holding the store behind.
+    pub(super) fn discharge(&self, id: u64) {
+        self.running.lock().cancels.remove(&id);
+        self.ended.notify_all();
+    }
+}
+
 #[derive(Default)]
 struct Running {
     /// Set by `stop_drivers`: drivers started later end at once with `Closed`.
@@ -277,9 +288,12 @@ impl Fence {
 
     /// A driver enlisted as `id` has ended.
     pub(super) fn discharge_driver(&self, id: u64) {
-        let drivers = &self.inner.drivers;
-        drivers.running.lock().cancels.remove(&id);
-        drivers.ended.notify_all();
+        self.inner.drivers.discharge(id);
+    }
+
+    /// The drivers' table, for a driver to report its end after it dropped its fence.
+    pub(super) fn drivers(&self) -> Arc<Drivers> {
+        Arc::clone(&self.inner.drivers)
     }
 
     /// Starts a background revocation of the namespace on the fence's pool (SPEC F9).
@@ -335,8 +349,10 @@ impl Fence {
                         retry_after_ms: 0,
                     })
                 });
+            let drivers = fence.drivers();
+            drop(fence);
             let _ = done_tx.send(result);
-            fence.discharge_driver(id);
+            drivers.discharge(id);
         };
         match self.inner.drivers.pool.read().as_ref() {
             Some(pool) => pool.spawn(task),

@@ -119,7 +119,7 @@ struct Inner {
     /// Told before revocation pushes a lease to an entity (see `Fence::set_push_observer`).
     push_observer: RwLock<Option<PushObserver>>,
     /// Where background drivers run, and the ones running now (see [`Fence::set_pool`]).
-    drivers: driver::Drivers,
+    drivers: Arc<driver::Drivers>,
 }
 
 /// Called with an entity just before revocation pushes a lease to it.
@@ -214,7 +214,7 @@ impl Fence {
                 grant_counter: AtomicU64::new(0),
                 unfenced: RwLock::new(HashSet::new()),
                 push_observer: RwLock::new(None),
-                drivers: driver::Drivers::default(),
+                drivers: Arc::default(),
             }),
         }
     }

@@ -473,8 +473,13 @@ impl Fence {
             .name("portcullis-sweeper".into())
             .spawn(move || {
                 fence.run_sweeper(interval, &*namespaces, &kicks, &cancelled, &thread_status);
+                // Everything the thread holds (the fence, so the store, and whatever the
+                // namespace list captured) is released before it reports its end.
+                let drivers = fence.drivers();
+                drop(fence);
+                drop(namespaces);
                 thread_status.update(|s| s.ended = true);
-                fence.discharge_driver(id);
+                drivers.discharge(id);
             });
         if let Err(e) = spawned {
             status.update(|s| s.ended = true);

@@ -160,10 +160,8 @@ static uint64_t append_value(const pc_engine *engine, const char *ns, const char
     return last;
 }
 
-/* Options over `dir` (a file store) or `store`, with a small pool and no lease sweeper. The
- * sweeper's thread is not joined by close and drops its reference to the store just after it
- * reports that it ended, so valgrind could find the store's memory held only by a thread that
- * is still ending when the program exits; revoke.c (sanitizers only) runs with the sweeper. */
+/* Options over `dir` (a file store) or `store`, with a small pool and no lease sweeper (fewer
+ * threads); revoke.c runs with the sweeper. */
 static pc_engine_options *small_options(const char *dir, const pc_store *store) {
     pc_engine_options *o = NULL;
     CHECK(pc_engine_options_new(&o));

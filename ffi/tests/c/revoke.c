@@ -1,11 +1,8 @@
 /* Revocation to completion through C: the background revocation on the engine's pool completes
  * a take-over (the stale owner is then fenced), and a revocation held off by a declared
  * lease-table recovery under a frozen clock answers PC_UNAVAILABLE when its wait times out.
- *
- * Run under the sanitizers only: the background revocation's task (and the lease sweeper, on
- * here) drop their references to the store on their threads just after they report, so at exit
- * valgrind can find the store's memory held only by a thread that is still ending (a "possible"
- * leak that is not one). */
+ * The lease sweeper is on (the default): closing the engine must leave no thread holding the
+ * store, or valgrind finds its memory still held at exit. */
 #include "counter.h"
 
 static pc_engine *open_owner(const pc_store *store, const char *owner, machine_data *data) {
