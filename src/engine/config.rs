@@ -261,15 +261,17 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// states: an entity's partition stays touched while it is restored and written. Default:
     /// none.
     ///
+    /// # Examples
+    ///
     /// ```
-    /// # use portcullis::typed::{Typed, TypedMachine};
-    /// # use portcullis::{Engine, EntityId, Rejection};
-    /// # struct Count;
-    /// # impl TypedMachine for Count {
-    /// #     type Record = (); type State = u64;
-    /// #     fn fresh(&self, _: &EntityId) -> u64 { 0 }
-    /// #     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
-    /// # }
+    /// use portcullis::typed::{Typed, TypedMachine};
+    /// use portcullis::{Engine, EntityId, Rejection};
+    /// struct Count;
+    /// impl TypedMachine for Count {
+    ///     type Record = (); type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// }
     /// let dir = tempfile::tempdir().unwrap();
     /// let engine = Engine::builder(Typed(Count))
     ///     .directory(dir.path())

@@ -390,6 +390,8 @@ impl FileStoreBuilder {
     /// budget while more are in use at once. Default: none (an index stays loaded until
     /// close). At least 1.
     ///
+    /// # Examples
+    ///
     /// ```
     /// use portcullis::store::{Batch, FileStore, Partition, Store};
     /// let dir = tempfile::tempdir().unwrap();
