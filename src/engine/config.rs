@@ -842,6 +842,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// let engine = Engine::builder(Typed(Total))
     ///     .store(store)
     ///     .sweep_interval(std::time::Duration::from_secs(10))
+    ///     .own(portcullis::Namespace::new("jobs")?) // a fenced namespace starts the sweeper
     ///     .open()?;
     /// assert_eq!(engine.sweeper().expect("on by default").interval().as_secs(), 10);
     /// engine.close()?;

@@ -263,6 +263,8 @@ impl<M: StateMachine> Engine<M> {
     /// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     /// let ns = Namespace::new("jobs")?;
     /// let engine = Engine::builder(Typed(Total)).store(store).adopt_on_first_use(false).open()?;
+    /// assert!(engine.sweeper().is_none(), "it starts with the first fenced namespace");
+    /// engine.own(&ns)?;
     /// let sweeper = engine.sweeper().expect("on by default");
     /// println!("{} sweeps so far, every {:?}", sweeper.passes(), sweeper.interval());
     /// # Ok(())

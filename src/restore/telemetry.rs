@@ -86,7 +86,9 @@ pub(crate) fn contained(
     }
 }
 
-pub(crate) fn warm_finished(hook: &MetricsHook, progress: &WarmProgress) {
+/// Logs a warm's summary line (SPEC R9). Called before the warm's waiters wake, so a caller of
+/// `Warm::wait` finds it logged.
+pub(crate) fn log_warm_finished(progress: &WarmProgress) {
     let state = if progress.stopped {
         "stopped"
     } else {
@@ -110,6 +112,11 @@ pub(crate) fn warm_finished(hook: &MetricsHook, progress: &WarmProgress) {
         progress.refused,
         progress.elapsed
     );
+}
+
+/// Reports a finished warm to the metrics hook, after its waiters woke (a hook may wait on
+/// the warm itself).
+pub(crate) fn warm_finished(hook: &MetricsHook, progress: &WarmProgress) {
     if let Some(hook) = hook {
         hook.warm_finished(progress);
     }

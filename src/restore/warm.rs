@@ -367,8 +367,13 @@ fn work<M: StateMachine>(
 }
 
 fn finish<M: StateMachine>(restorer: &Restorer<M>, shared: &Shared) {
+    let elapsed = shared.started.elapsed();
+    let mut summary = progress_of(shared);
+    summary.elapsed = elapsed;
+    summary.finished = true;
+    telemetry::log_warm_finished(&summary);
     let mut finished = shared.finished.lock();
-    *finished = Some(shared.started.elapsed());
+    *finished = Some(elapsed);
     if shared.stop.load(Ordering::Acquire) {
         (shared.end_stop)();
     }
