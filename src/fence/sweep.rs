@@ -8,6 +8,10 @@
 //! drivers (see `driver.rs`), so [`Fence::stop_drivers`] stops it, bounded (SPEC R11); it ends
 //! as well when every [`SweeperHandle`] is dropped. Each pass is bounded by pages per namespace
 //! (SPEC F8) and resumes a longer table where the previous pass stopped.
+//!
+//! Stopping waits only for a pass under way (it ends after the row it is deleting), never for
+//! the thread itself: once stopped, the thread starts no pass and touches no store, and exits
+//! when it next runs. So closing an engine whose sweeper is idle costs no thread hand-off.
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -82,19 +86,49 @@ struct Shared {
 struct Status {
     state: Mutex<State>,
     changed: Condvar,
+    /// Set by a stop: a pass under way ends after the row it is deleting.
+    stop_requested: AtomicBool,
 }
 
 #[derive(Debug, Default)]
 struct State {
     passes: u64,
     last: Option<SweepPass>,
+    /// No pass starts any more (stopped, or the thread ended).
     ended: bool,
+    /// A pass is under way.
+    busy: bool,
 }
 
 impl Status {
     fn update(&self, f: impl FnOnce(&mut State)) {
         f(&mut self.state.lock());
         self.changed.notify_all();
+    }
+
+    /// Marks a pass under way; false (and no pass may start) once stopped.
+    fn begin_pass(&self) -> bool {
+        let mut state = self.state.lock();
+        if state.ended {
+            return false;
+        }
+        state.busy = true;
+        true
+    }
+
+    /// Stops the sweeper: no pass starts from now on, and a pass under way is waited for until
+    /// `deadline`. Answers whether none is under way.
+    fn stop(&self, deadline: Instant) -> bool {
+        self.stop_requested.store(true, Ordering::Relaxed);
+        let mut state = self.state.lock();
+        state.ended = true;
+        self.changed.notify_all();
+        while state.busy {
+            if self.changed.wait_until(&mut state, deadline).timed_out() {
+                return !state.busy;
+            }
+        }
+        true
     }
 
     /// Waits until `done` holds or `timeout` passed; answers whether it holds.
@@ -150,11 +184,11 @@ impl SweeperHandle {
         self.passes() >= passes
     }
 
-    /// Stops the sweeper after the row it is deleting and waits up to `timeout` for it to end;
-    /// answers whether it ended.
+    /// Stops the sweeper: no pass starts from now on, and a pass under way ends after the row
+    /// it is deleting; waits up to `timeout` for that. Answers whether no pass is under way.
     pub fn stop(&self, timeout: Duration) -> bool {
         let _ = self.shared.cancel.try_send(());
-        self.shared.status.wait(timeout, |s| s.ended)
+        self.shared.status.stop(Instant::now() + timeout)
     }
 }
 
@@ -266,7 +300,14 @@ impl Fence {
                 interval,
             }),
         };
-        let Some(id) = self.enlist_driver(cancel) else {
+        let stopper = {
+            let status = Arc::clone(&status);
+            Arc::new(move |deadline: Instant| {
+                let _ = cancel.try_send(());
+                status.stop(deadline)
+            })
+        };
+        let Some(id) = self.enlist_stopper(stopper) else {
             return Err(Error::Closed);
         };
         let fence = self.clone();
@@ -276,11 +317,11 @@ impl Fence {
             .spawn(move || {
                 fence.run_sweeper(interval, &*namespaces, &kicks, &cancelled, &thread_status);
                 thread_status.update(|s| s.ended = true);
-                fence.discharge_driver(id);
+                fence.forget_stopper(id);
             });
         if let Err(e) = spawned {
             status.update(|s| s.ended = true);
-            self.discharge_driver(id);
+            self.forget_stopper(id);
             return Err(Error::Io {
                 context: "starting the lease sweeper's thread".into(),
                 source: e,
@@ -299,14 +340,7 @@ impl Fence {
         status: &Status,
     ) {
         let mut cursors = HashMap::new();
-        let stopped = AtomicBool::new(false);
-        let stop = || {
-            stopped.load(Ordering::Relaxed) || {
-                let now = cancel.try_recv().is_ok();
-                stopped.fetch_or(now, Ordering::Relaxed);
-                now
-            }
-        };
+        let stop = || status.stop_requested.load(Ordering::Relaxed);
         loop {
             let reply = crossbeam::select! {
                 recv(cancel) -> _ => return,
@@ -316,6 +350,9 @@ impl Fence {
                 },
                 default(interval) => None,
             };
+            if !status.begin_pass() {
+                return; // stopped: touch nothing more
+            }
             let pass = catch_unwind(AssertUnwindSafe(|| {
                 self.sweep_pass(namespaces, &mut cursors, &stop)
             }))
@@ -326,11 +363,12 @@ impl Fence {
             status.update(|s| {
                 s.passes += 1;
                 s.last = Some(pass);
+                s.busy = false;
             });
             if let Some(reply) = reply {
                 let _ = reply.send(pass);
             }
-            if stopped.load(Ordering::Relaxed) {
+            if stop() {
                 return;
             }
         }
