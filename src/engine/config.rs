@@ -788,7 +788,7 @@ impl<M: StateMachine> EngineBuilder<M> {
     }
 
     /// Whether the engine sweeps expired leased-shard rows in the background (SPEC F9, F11):
-    /// every [`sweep_interval`](Self::sweep_interval), a sweeper thread deletes the rows whose
+    /// every [`sweep_interval`](Self::sweep_interval), a background sweeper deletes the rows whose
     /// lease has expired in every namespace the engine serves, so they never pile up. It starts
     /// when the engine first serves a fenced namespace ([`Engine::sweeper`]). Default: true.
     /// Turn it off only if something else sweeps

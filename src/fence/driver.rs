@@ -203,7 +203,13 @@ struct Running {
     stopped: bool,
     next: u64,
     cancels: HashMap<u64, Sender<()>>,
+    /// Drivers that stop on a call rather than by ending their task (the sweeper): each is
+    /// called with the deadline and answers whether it stopped.
+    stoppers: HashMap<u64, Stopper>,
 }
+
+/// Stops a driver by the deadline given; answers whether it stopped.
+pub(super) type Stopper = Arc<dyn Fn(Instant) -> bool + Send + Sync>;
 
 impl Fence {
     /// Runs background drivers on `pool` instead of rayon's global pool. The engine passes its
@@ -259,17 +265,25 @@ impl Fence {
     /// ```
     pub fn stop_drivers(&self, deadline: Instant) -> bool {
         let drivers = &self.inner.drivers;
-        let mut running = drivers.running.lock();
-        running.stopped = true;
-        for cancel in running.cancels.values() {
-            let _ = cancel.try_send(());
+        let stoppers: Vec<Stopper> = {
+            let mut running = drivers.running.lock();
+            running.stopped = true;
+            for cancel in running.cancels.values() {
+                let _ = cancel.try_send(());
+            }
+            running.stoppers.values().cloned().collect()
+        };
+        let mut stopped = true;
+        for stop in stoppers {
+            stopped &= stop(deadline);
         }
+        let mut running = drivers.running.lock();
         while !running.cancels.is_empty() {
             if drivers.ended.wait_until(&mut running, deadline).timed_out() {
-                return running.cancels.is_empty();
+                return stopped && running.cancels.is_empty();
             }
         }
-        true
+        stopped
     }
 
     /// Counts a background driver as running, so that [`Fence::stop_drivers`] sends it a
@@ -284,6 +298,24 @@ impl Fence {
         let id = running.next;
         running.cancels.insert(id, cancel);
         Some(id)
+    }
+
+    /// Counts a driver that stops when `stop` is called (see [`Stopper`]) as running, so
+    /// that [`Fence::stop_drivers`] calls it. `None` once the drivers were stopped.
+    pub(super) fn enlist_stopper(&self, stop: Stopper) -> Option<u64> {
+        let mut running = self.inner.drivers.running.lock();
+        if running.stopped {
+            return None;
+        }
+        running.next += 1;
+        let id = running.next;
+        running.stoppers.insert(id, stop);
+        Some(id)
+    }
+
+    /// A driver enlisted with [`Fence::enlist_stopper`] as `id` has ended on its own.
+    pub(super) fn forget_stopper(&self, id: u64) {
+        self.inner.drivers.running.lock().stoppers.remove(&id);
     }
 
     /// A driver enlisted as `id` has ended.
