@@ -7,6 +7,10 @@
 //! block and rounds up to 16). Fixed costs (journal, file handles) are removed by measuring two
 //! sizes and taking the difference per item, reported beside the plain average.
 //!
+//! The second table (SPEC R10) is the engine's: heap held after touching many entities once
+//! (a read of each, on a fresh open), with no budget and with `max_resident_entities` plus
+//! `max_loaded_partitions`. `PORTCULLIS_MEMORY_ENTITIES` sets the count (default 200,000).
+//!
 //! Run: `cargo bench --bench memory` (prints a table; not a criterion benchmark).
 
 mod common;
@@ -15,7 +19,8 @@ use std::alloc::System;
 use std::path::Path;
 
 use common::{full_run, open_for_loading, partitions, scratch, seq_key};
-use portcullis::store::{Batch, FileStore, Partition, Store};
+use portcullis::store::{Batch, FileStore, Partition, Store, SyncPolicy};
+use portcullis::{ApplyContext, Engine, EntityId, Namespace, Rejection, StateMachine};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]
@@ -72,8 +77,106 @@ struct Line {
     blocks: i64,
 }
 
+/// Each entity's state: its records, concatenated.
+struct Bytes;
+
+impl StateMachine for Bytes {
+    type State = Vec<u8>;
+    fn fresh(&self, _: &EntityId) -> Vec<u8> {
+        Vec::new()
+    }
+    fn apply(&self, s: &mut Vec<u8>, _: &ApplyContext<'_>, r: &[u8]) -> Result<(), Rejection> {
+        s.extend_from_slice(r);
+        Ok(())
+    }
+    fn encode_checkpoint(&self, s: &Vec<u8>) -> Vec<u8> {
+        s.clone()
+    }
+    fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<Vec<u8>, Rejection> {
+        Ok(b.to_vec())
+    }
+}
+
+/// Bytes of each entity's one record (so of its state).
+const RECORD_LEN: usize = 200;
+
+fn engine_entity(i: u64) -> EntityId {
+    EntityId::new("memory", format!("entity-{i:07}")).expect("valid id")
+}
+
+fn open_engine(dir: &Path, budget: Option<usize>) -> Engine<Bytes> {
+    let mut builder = Engine::builder(Bytes)
+        .directory(dir)
+        .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+        .own_unfenced(Namespace::new("memory").expect("valid namespace"))
+        .register_on_first_write(true);
+    if let Some(n) = budget {
+        builder = builder.max_resident_entities(n).max_loaded_partitions(n);
+    }
+    builder.open().expect("open the engine")
+}
+
+/// Heap held after reading each of `n` entities once on a fresh open, and the engine's counts
+/// then (resident entities, loaded partitions).
+fn touch_entities(dir: &Path, n: u64, budget: Option<usize>) -> (i64, u64, u64) {
+    let engine = open_engine(dir, budget);
+    let ((net, _), ()) = held_by(|| {
+        for i in 0..n {
+            let len = engine.read(&engine_entity(i), Vec::len).expect("read");
+            assert_eq!(len, RECORD_LEN);
+        }
+    });
+    let stats = engine.stats();
+    engine.close().expect("close");
+    (
+        net,
+        stats.passivation.resident,
+        stats.store.partitions_loaded,
+    )
+}
+
+fn engine_table(n: u64, full: bool) {
+    let dir = scratch("memory-engine");
+    let started = std::time::Instant::now();
+    {
+        let engine = open_engine(dir.path(), None);
+        for i in 0..n {
+            engine
+                .append(&engine_entity(i), vec![vec![7u8; RECORD_LEN]])
+                .expect("append");
+        }
+        engine.close().expect("close");
+    }
+    let built = started.elapsed();
+    println!();
+    println!(
+        "## memory: engine, {n} entities touched once (a read each after open){}",
+        if full { "" } else { " (smoke run)" }
+    );
+    println!("built in {built:?}; each entity has one {RECORD_LEN}-byte record");
+    println!("| budget | net bytes | per entity | resident entities | loaded partitions |");
+    println!("|---|---|---|---|---|");
+    let budget = (n / 200).max(10) as usize;
+    for b in [None, Some(budget)] {
+        let started = std::time::Instant::now();
+        let (net, resident, loaded) = touch_entities(dir.path(), n, b);
+        println!(
+            "| {} | {net} | {:.1} | {resident} | {loaded} | ({:?})",
+            b.map_or("none".to_string(), |b| b.to_string()),
+            net as f64 / n as f64,
+            started.elapsed()
+        );
+    }
+}
+
 fn main() {
     let full = full_run();
+    let entities = if full {
+        common::env_u64("PORTCULLIS_MEMORY_ENTITIES", 200_000)
+    } else {
+        200
+    };
+    engine_table(entities, full);
     let (small, large) = if full {
         (10_000, 100_000)
     } else {

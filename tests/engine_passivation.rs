@@ -375,3 +375,33 @@ fn r10_passivation_racing_writes_and_reads_never_loses_a_write_or_serves_stale_s
     // The resident count did not drift from the gates.
     assert_eq!(passivation.resident, stats.phases.restored, "{stats:?}");
 }
+
+/// Both budgets on an engine over the file store: states and partition indexes are dropped and
+/// come back with the same answers.
+#[test]
+fn r10_an_engine_over_the_file_store_drops_idle_indexes_and_states() {
+    let dir = tempfile::tempdir().unwrap();
+    let machine = Arc::new(TestMachine::default());
+    let engine = portcullis::Engine::builder(Arc::clone(&machine))
+        .directory(dir.path())
+        .pool_threads(2)
+        .max_resident_entities(2)
+        .max_loaded_partitions(2)
+        .open()
+        .unwrap();
+    for i in 0..12 {
+        engine.register(&entity(i)).unwrap();
+        engine
+            .append(&entity(i), vec![format!("r{i}").into_bytes()])
+            .unwrap();
+    }
+    for i in 0..12 {
+        let got = engine.read(&entity(i), |s| s.records.clone()).unwrap();
+        assert_eq!(got, vec![(1, format!("r{i}").into_bytes())]);
+    }
+    let stats = engine.stats();
+    assert!(stats.passivation.resident <= 2, "{stats:?}");
+    assert!(stats.store.partitions_loaded <= 2, "{stats:?}");
+    assert!(stats.store.indexes_dropped > 0, "{stats:?}");
+    engine.close().unwrap();
+}

@@ -406,7 +406,32 @@ impl SweeperHandle {
     }
 
     /// Runs a pass now (without waiting for the interval) and waits up to `timeout` for it;
-    /// `None` if the sweeper has stopped or the pass did not finish in time.
+    /// `None` if the sweeper has ended or the pass did not finish in time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new())?; // leaves a leased-shard row
+    /// let sweep = ns.clone();
+    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![sweep.clone()]))?;
+    /// clock.advance(30_000); // the lease expires
+    /// let pass = sweeper.sweep_now(Duration::from_secs(10)).expect("a pass within 10 s");
+    /// assert_eq!(pass.deleted, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn sweep_now(&self, timeout: Duration) -> Option<SweepPass> {
         if !self.is_running() {
             return None;
@@ -418,15 +443,62 @@ impl SweeperHandle {
     }
 
     /// Waits up to `timeout` until at least `passes` passes have completed; answers whether
-    /// they have. Returns early (false) if the sweeper stops first.
+    /// they have. Returns early (false) if the sweeper ends first.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new())?; // leaves a leased-shard row
+    /// let sweep = ns.clone();
+    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![sweep.clone()]))?;
+    /// sweeper.sweep_now(Duration::from_secs(10));
+    /// assert!(sweeper.wait_for_passes(1, Duration::from_secs(10)));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn wait_for_passes(&self, passes: u64, timeout: Duration) -> bool {
         self.status()
             .wait(timeout, |s| s.passes >= passes || s.ended);
         self.passes() >= passes
     }
 
-    /// Stops the sweeper: no pass starts from now on, and a pass under way ends after the row
-    /// it is deleting; waits up to `timeout` for that. Answers whether no pass is under way.
+    /// Stops the sweeper after the row it is deleting and waits up to `timeout` for it to end;
+    /// answers whether it ended.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig, RevokeBudget, RevokeProgress, WriteOutcome};
+    /// use portcullis::store::{Batch, MemoryStore};
+    /// use portcullis::{EntityId, ManualClock, Namespace};
+    /// use std::time::Duration;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock.clone(), FenceConfig::default());
+    /// let ns = Namespace::new("jobs")?;
+    /// let job = EntityId::in_namespace(ns.clone(), "job-1")?;
+    /// let _ = fence.write(&job, 0, Batch::new())?; // leaves a leased-shard row
+    /// let sweep = ns.clone();
+    /// let sweeper = fence.sweep_in_background(Duration::from_secs(60), Box::new(move || vec![sweep.clone()]))?;
+    /// assert!(sweeper.stop(Duration::from_secs(10))); // stopped within 10 s
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stop(&self, timeout: Duration) -> bool {
         let stopped = self.status().stop(Instant::now() + timeout);
         HUB.nudge();

@@ -1,0 +1,57 @@
+//! The memory budget's calls on the engine (SPEC R10): passivating an entity on request, and
+//! the test-only switch of passivation's guard. The budget itself is configured on the builder
+//! ([`EngineBuilder::max_resident_entities`](super::EngineBuilder::max_resident_entities)) and
+//! kept by the restore registry (`src/restore/passivate.rs`).
+
+use super::Engine;
+use crate::entity::EntityId;
+use crate::error::Result;
+use crate::restore::StateMachine;
+
+impl<M: StateMachine> Engine<M> {
+    /// Passivates an entity now (SPEC R10): drops its restored state from memory. Nothing is
+    /// written (its history is durable already); its next touch restores it again from its
+    /// newest checkpoint plus the log tail, exactly once, behind the same gate, and work
+    /// deferred to it meanwhile is queued durably and applied then, as for any pending entity.
+    /// An unclean-restart repair it had is not run again.
+    ///
+    /// Answers `true` if it was passivated, `false` if it was not restored (pending, or
+    /// contained: a containment stays visible), and [`Error::Unavailable`](crate::Error::Unavailable) while a call uses
+    /// it, a unit restores it, or a write to it whose answer was lost is not settled yet.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::typed::{Typed, TypedMachine};
+    /// use portcullis::{Engine, EntityId, Rejection};
+    /// struct Count;
+    /// impl TypedMachine for Count {
+    ///     type Record = (); type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, s: &mut u64, _: &portcullis::ApplyContext<'_>, _: ()) -> Result<(), Rejection> { *s += 1; Ok(()) }
+    /// }
+    /// let engine = Engine::builder(Typed(Count))
+    ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
+    ///     .register_on_first_write(true)
+    ///     .open()?;
+    /// let counter = EntityId::new("counters", "c1")?;
+    /// engine.append_typed(&counter, &[(), ()])?;
+    /// assert!(engine.passivate(&counter)?);
+    /// assert!(!engine.passivate(&counter)?); // already pending
+    /// assert_eq!(engine.read(&counter, |n| *n)?, 2); // restored again
+    /// assert_eq!(engine.stats().passivation.reactivations, 1);
+    /// # Ok::<(), portcullis::Error>(())
+    /// ```
+    pub fn passivate(&self, entity: &EntityId) -> Result<bool> {
+        let _open = self.enter()?;
+        self.inner.restorer.passivate(entity)
+    }
+
+    /// Test-only negative control: passivation drops entities in any phase, contained ones
+    /// too, so tests can show they catch a containment that passivation erased (SPEC R4, R10).
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn set_passivate_unguarded_for_test(&self, unguarded: bool) {
+        self.inner.restorer.set_passivate_unguarded(unguarded);
+    }
+}
