@@ -11,6 +11,9 @@
 //!
 //! Run: `cargo bench --features etcd --bench etcd` (ROUNDS and ROUND_MS override 5 and 2000).
 //! `cargo test --features etcd --benches` runs it once with tiny rounds as a smoke test.
+//!
+//! Then, the cost of a fenced write on etcd: `Fence::write` under a usable lease (one lease
+//! read, then the apply guarded on the lease) against `EtcdStore::apply` of the same batch.
 
 #[path = "../tests/common/etcd.rs"]
 #[allow(dead_code)]
@@ -170,5 +173,52 @@ fn main() {
     for line in detail {
         println!("{line}");
     }
+    fenced_writes(&store, rounds, duration, &value);
     store.close().unwrap();
+}
+
+/// The cost of a fenced write on etcd (SPEC F3 without deadlines): `Fence::write` of a one-put
+/// batch under a usable lease (a lease read, then the apply guarded on it) against
+/// `EtcdStore::apply` of the same batch, each thread on its own entity, rounds alternating.
+fn fenced_writes(store: &Arc<EtcdStore>, rounds: usize, duration: Duration, value: &[u8]) {
+    use portcullis::fence::{Fence, FenceConfig, WriteOutcome};
+    use portcullis::{EntityId, SystemClock};
+    let fence = Fence::new(
+        Arc::clone(store) as Arc<dyn Store>,
+        Arc::new(SystemClock),
+        FenceConfig::default(),
+    );
+    let entities: Vec<EntityId> = (0..16)
+        .map(|t| EntityId::new("bench", format!("e{t:02}")).unwrap())
+        .collect();
+    let fenced_commit = |t: usize, seq: u64| {
+        let batch = Batch::new().put(format!("{seq:012}").into_bytes(), value.to_vec());
+        let outcome = fence.write(&entities[t], 0, batch).expect("fenced write");
+        assert!(matches!(outcome, WriteOutcome::Committed { .. }));
+    };
+    let plain_commit = |t: usize, seq: u64| {
+        let batch = Batch::new().put(format!("{seq:012}").into_bytes(), value.to_vec());
+        let outcome = store
+            .apply(&entities[t].partition(), &batch)
+            .expect("apply");
+        assert!(outcome.is_committed());
+    };
+    // Warm: every entity takes its lease (a renewal) before the rounds.
+    round(16, Duration::from_millis(200), &fenced_commit);
+    println!();
+    println!("## etcd: a fenced write (lease read + guarded apply) against a plain apply");
+    println!("| threads | EtcdStore::apply | Fence::write | fenced / plain |");
+    println!("|---|---|---|---|");
+    for threads in [1usize, 4, 16] {
+        let (mut plain, mut fenced) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            plain.push(round(threads, duration, &plain_commit));
+            fenced.push(round(threads, duration, &fenced_commit));
+        }
+        let (p, f) = (median(plain), median(fenced));
+        println!(
+            "| {threads} | {p:.0} | {f:.0} | **{:.1}%** |",
+            100.0 * f / p
+        );
+    }
 }

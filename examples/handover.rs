@@ -1,4 +1,6 @@
-//! Two owners hand a namespace over: `cargo run --example handover`.
+//! Two owners hand a namespace over: `cargo run --example handover`, or on an etcd of yours,
+//! each owner with its own client: `cargo run --features etcd --example handover -- --etcd
+//! 127.0.0.1:2379` (it writes under a root of its own, `portcullis-handover/<unique>/`).
 //!
 //! Owner A serves a namespace of accounts from worker threads. Owner B, an engine over the same
 //! store, takes the namespace over: it bumps the epoch, runs revocation until `Complete`, and
@@ -8,8 +10,9 @@
 //! round A dies while serving (it never closes, so it never releases the namespace), and B's
 //! take-over repairs every account exactly once (SPEC F11, R3).
 //!
-//! The two owners share one store in one process here, which is how the tests model two
-//! processes; every claim the example prints is checked. `tests/handover.rs` runs it.
+//! The two owners run in one process here, sharing one in-memory store, or each with its own
+//! client of one etcd (`--etcd`); every claim the example prints is checked. `tests/handover.rs`
+//! runs it both ways, and `tests/handover_etcd.rs` runs the owners as two OS processes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -89,11 +92,13 @@ impl StateMachine for Ledger {
     }
 }
 
-fn account(i: usize) -> EntityId {
+/// Account `i` of the namespace `bank`.
+pub fn account(i: usize) -> EntityId {
     EntityId::new("bank", format!("acct-{i}")).expect("a valid id")
 }
 
-fn open(store: &Arc<dyn Store>, owner: &str) -> Result<Engine<Ledger>> {
+/// Opens owner `owner` over `store`, adopting namespaces only when told.
+pub fn open(store: &Arc<dyn Store>, owner: &str) -> Result<Engine<Ledger>> {
     Engine::builder(Ledger)
         .store(Arc::clone(store))
         .owner(owner)
@@ -104,7 +109,7 @@ fn open(store: &Arc<dyn Store>, owner: &str) -> Result<Engine<Ledger>> {
 }
 
 /// B takes the namespace over: bump, revoke until Complete, adopt. Returns the new grant.
-fn take_over(b: &Engine<Ledger>, ns: &Namespace) -> Result<u64> {
+pub fn take_over(b: &Engine<Ledger>, ns: &Namespace) -> Result<u64> {
     let next = b.current_epoch(ns)? + 1;
     b.bump_epoch(ns, next)?;
     let mut slices = 1;
@@ -167,9 +172,15 @@ fn serve(
 /// Runs both rounds on a fresh in-memory store, checking every claim.
 pub fn run() -> Result<()> {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    run_with(|| Ok(Arc::clone(&store)))
+}
+
+/// Runs both rounds with each owner on a store `connect` gives it (one shared store, or a
+/// client each of one etcd), checking every claim.
+pub fn run_with(connect: impl Fn() -> Result<Arc<dyn Store>>) -> Result<()> {
     let ns = Namespace::new("bank")?;
-    let a = open(&store, "owner-a")?;
-    let b = open(&store, "owner-b")?;
+    let a = open(&connect()?, "owner-a")?;
+    let b = open(&connect()?, "owner-b")?;
     println!("1. Owner A serves {ns}; owner B shares the store");
     let grant = a.own(&ns)?;
     for i in 0..ACCOUNTS {
@@ -279,7 +290,7 @@ pub fn run() -> Result<()> {
 
     // B closes cleanly; a later owner finds nothing owed.
     b.close()?;
-    let c = open(&store, "owner-c")?;
+    let c = open(&connect()?, "owner-c")?;
     c.own(&ns)?;
     assert!(c.owed_repairs(&ns)?.is_empty());
     for i in 0..ACCOUNTS {
@@ -294,7 +305,42 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
+/// Runs the example on the etcd at `endpoint`, under a root no earlier run used.
+#[cfg(feature = "etcd")]
+pub fn run_on_etcd(endpoint: &str) -> Result<()> {
+    let unique = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let root = format!("portcullis-handover/{}-{unique}/", std::process::id());
+    println!("(on etcd at {endpoint}, root {root})");
+    run_with(|| {
+        let store = portcullis::store::EtcdStore::builder(endpoint)
+            .prefix(root.clone())
+            .open()?;
+        Ok(Arc::new(store) as Arc<dyn Store>)
+    })
+}
+
 #[allow(dead_code)]
 fn main() -> Result<()> {
-    run()
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => run(),
+        [flag, endpoint] if flag == "--etcd" => on_etcd(endpoint),
+        _ => Err(Error::InvalidArgument(
+            "usage: handover [--etcd HOST:PORT] (the etcd option needs --features etcd)".into(),
+        )),
+    }
+}
+
+#[cfg(feature = "etcd")]
+fn on_etcd(endpoint: &str) -> Result<()> {
+    run_on_etcd(endpoint)
+}
+
+#[cfg(not(feature = "etcd"))]
+fn on_etcd(_endpoint: &str) -> Result<()> {
+    Err(Error::InvalidArgument(
+        "this build has no etcd backend: run it with --features etcd".into(),
+    ))
 }

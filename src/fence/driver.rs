@@ -318,11 +318,6 @@ impl Fence {
         self.inner.drivers.running.lock().stoppers.remove(&id);
     }
 
-    /// A driver enlisted as `id` has ended.
-    pub(super) fn discharge_driver(&self, id: u64) {
-        self.inner.drivers.discharge(id);
-    }
-
     /// The drivers' table, for a driver to report its end after it dropped its fence.
     pub(super) fn drivers(&self) -> Arc<Drivers> {
         Arc::clone(&self.inner.drivers)

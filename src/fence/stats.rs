@@ -23,7 +23,8 @@ pub struct FenceStats {
     pub applies: u64,
     /// Revocation slices run.
     pub slices: u64,
-    /// Pushes that committed the entity's lease.
+    /// Pushes that committed the entity's lease (on a store without deadlines, also the
+    /// sweeper's retirements of a lease).
     pub pushes: u64,
     /// Acknowledgements that committed.
     pub acks: u64,
