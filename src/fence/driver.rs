@@ -288,7 +288,7 @@ impl Fence {
 
     /// Counts a background driver as running, so that [`Fence::stop_drivers`] sends it a
     /// message on `cancel` and waits for it. `None` once the drivers were stopped: the driver
-    /// must not start. A driver that got an id calls [`Fence::discharge_driver`] when it ends.
+    /// must not start. A driver that got an id calls `Drivers::discharge` when it ends, after it dropped its fence.
     pub(super) fn enlist_driver(&self, cancel: Sender<()>) -> Option<u64> {
         let mut running = self.inner.drivers.running.lock();
         if running.stopped {
