@@ -129,6 +129,9 @@ fn scan_while_compacting(skip_pin: bool) -> Run {
         .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
         .segment_bytes(4096)
         .snapshot_every_bytes(1 << 40)
+        // A base after every batch: the load below reads bases only, so the scan reads every
+        // value from the segments (none from the records a load has just read).
+        .base_every_records(1)
         .auto_compact(false)
         .observe_reader_waits(move || waits.send(Event::CompactionWaits).unwrap());
     if skip_pin {
@@ -136,13 +139,21 @@ fn scan_while_compacting(skip_pin: bool) -> Run {
     }
     let store = builder.open().unwrap();
 
-    // Three keys in the first segments, then enough of another partition to seal them.
+    // Three keys in the first segments, each in a segment of its own (so the scan reads them
+    // one at a time, not in one merged read), then enough of another partition to seal them.
     let p = Partition::new("read").unwrap();
+    let other = Partition::new("other").unwrap();
     for i in 0..3u8 {
         let batch = Batch::new().put(vec![b'a' + i], value(i));
         assert!(store.apply(&p, &batch).unwrap().is_committed());
+        for j in 0..5u32 {
+            let batch = Batch::new().put(
+                (100 + 5 * i as u32 + j).to_be_bytes().to_vec(),
+                vec![1u8; 1000],
+            );
+            assert!(store.apply(&other, &batch).unwrap().is_committed());
+        }
     }
-    let other = Partition::new("other").unwrap();
     for i in 0..16u32 {
         let batch = Batch::new().put(i.to_be_bytes().to_vec(), vec![1u8; 1000]);
         assert!(store.apply(&other, &batch).unwrap().is_committed());

@@ -12,11 +12,12 @@
 //! than one small read are read again, one at a time, when they are applied.
 
 use super::format::{
-    self, Content, Loc, RecordKind, ValueLoc, decode_base_part_head, decode_body_head, loc_offset,
-    loc_segment,
+    self, Content, FRAME_LEN, Loc, RecordKind, ValueLoc, decode_base_part_head, decode_body_head,
+    loc_offset, loc_segment,
 };
 use super::journal::{Journal, RecordStart};
 use super::partition::{self, CommitState, Index, IndexOp, PartState};
+use super::values::RecentRecords;
 use crate::error::{Error, Result};
 
 /// Bytes of index entries per base record. A partition whose index is larger gets a base run
@@ -95,7 +96,12 @@ enum Link {
 /// the walk is bounded by the base interval, not by history (SPEC S5, S8).
 ///
 /// Returns the index and the chain length since the base (a base run counts once).
-pub fn load_index(journal: &Journal, state: &PartState, head: Loc) -> Result<(Index, u32)> {
+pub fn load_index(
+    journal: &Journal,
+    recent: &RecentRecords,
+    state: &PartState,
+    head: Loc,
+) -> Result<(Index, u32)> {
     let corrupt = |at: Loc, what: &str| {
         state.corrupt_error(&format!(
             "{what} (record at segment {} offset {})",
@@ -120,7 +126,13 @@ pub fn load_index(journal: &Journal, state: &PartState, head: Loc) -> Result<(In
             other => other,
         })?;
         let (frame, bytes, whole) = match start {
-            RecordStart::Whole(frame, body) => (frame, body, true),
+            RecordStart::Whole(frame, body) => {
+                // Its values may be read next: keep the verified body of a small batch.
+                if frame.kind == RecordKind::Batch {
+                    recent.insert(at + FRAME_LEN as u64, &body);
+                }
+                (frame, body, true)
+            }
             RecordStart::Partial(frame, start) => (frame, start, false),
         };
         if frame.partition_hash != state.hash {

@@ -3,7 +3,9 @@
 //! A sealed segment (any but the one being appended to) can be deleted once no partition needs
 //! it: no live value lives in it and no chain since a partition's newest base passes through
 //! it. For every partition with a record in the victims, compaction copies the values that
-//! still live there to the journal's tail and writes a fresh base record; then it syncs, writes
+//! still live there to the journal's tail, in key order and adjacent (with the partition's
+//! other live values when those are no larger, so its whole history is one run of the journal:
+//! see `movers`), and writes a fresh base record; then it syncs, writes
 //! a heads snapshot past all of that, and only then deletes the victims. A crash between any
 //! two steps leaves extra data, never missing data. Writers of a partition wait only while that
 //! one partition is rewritten; readers wait only while compaction waits, before deleting, for
@@ -132,6 +134,8 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
             }
         }
     }
+    // Bytes of values copied from outside the victims (their old copies are garbage now).
+    let mut gathered = 0u64;
     let mut names: Vec<&Vec<u8>> = found.iter().flat_map(|(_, names)| names).collect();
     names.sort();
     names.dedup();
@@ -146,9 +150,10 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
             continue;
         };
         match rewrite_partition(inner, &state, &victim_set) {
-            Ok(copied) => {
+            Ok((copied, from_outside)) => {
                 report.partitions_rewritten += 1;
                 report.bytes_copied += copied;
+                gathered += from_outside;
             }
             Err(Error::Corrupt { .. }) => {
                 // Keep the evidence: the segments holding a corrupt partition's records stay.
@@ -173,7 +178,7 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
         .iter()
         .map(|(_, size)| size)
         .sum::<u64>()
-        .saturating_sub(report.bytes_copied);
+        .saturating_sub(report.bytes_copied - gathered);
     let _ = inner
         .garbage_bytes
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| {
@@ -250,8 +255,13 @@ fn partitions_in_segment(inner: &Inner, number: u32) -> Result<HashSet<Vec<u8>>>
 }
 
 /// Copies a partition's values that live in `victims` to the tail and writes a base record, so
-/// nothing of the partition needs the victims any more. Returns the bytes copied.
-fn rewrite_partition(inner: &Inner, state: &PartState, victims: &HashSet<u32>) -> Result<u64> {
+/// nothing of the partition needs the victims any more. Returns the bytes copied, and how many
+/// of them were gathered from outside the victims (see [`movers`]).
+fn rewrite_partition(
+    inner: &Inner,
+    state: &PartState,
+    victims: &HashSet<u32>,
+) -> Result<(u64, u64)> {
     // Hold the partition's commit lock with no batch in flight, so the index is complete.
     let mut commit = loop {
         let mut commit = state.commit.lock();
@@ -265,21 +275,17 @@ fn rewrite_partition(inner: &Inner, state: &PartState, victims: &HashSet<u32>) -
             }
         }
     };
-    let movers: Vec<Mover> = state
-        .view
-        .read()
-        .index
-        .iter()
-        .filter(|(_, v)| victims.contains(&loc_segment(v.at)))
-        .map(|(k, v)| (k.clone(), *v))
-        .collect();
+    let (movers, gathered) = movers(&state.view.read().index, victims);
     let mut copied = 0u64;
     let mut moved: Vec<Mover> = Vec::with_capacity(movers.len());
     for chunk in chunk_by_bytes(&movers) {
-        let mut ops = Vec::with_capacity(chunk.len());
-        for (k, v) in chunk {
-            ops.push(Op::Put(k.to_vec(), inner.read_value(state, v)?));
-        }
+        let locs: Vec<ValueLoc> = chunk.iter().map(|(_, v)| *v).collect();
+        let values = inner.read_values(state, &locs)?;
+        let ops: Vec<Op> = chunk
+            .iter()
+            .zip(values)
+            .map(|((k, _), value)| Op::Put(k.to_vec(), value))
+            .collect();
         let (body, offsets) =
             format::encode_batch_body(state.name.as_bytes(), partition::head_of(state), &ops);
         let (lsn, at) = inner
@@ -303,12 +309,36 @@ fn rewrite_partition(inner: &Inner, state: &PartState, victims: &HashSet<u32>) -
     for (k, v) in moved {
         view.index.insert(k, v);
     }
+    // The old copies of values gathered from outside the victims are garbage now.
+    inner.garbage_bytes.fetch_add(gathered, Ordering::Relaxed);
     let view = parking_lot::RwLockWriteGuard::downgrade(view);
     inner.write_base(state, &mut commit, &view.index)?;
-    Ok(copied)
+    Ok((copied, gathered))
 }
 
 type Mover = (Box<[u8]>, ValueLoc);
+
+/// The values of a partition to copy, in key order: those in the victims, and the others too
+/// when they are no more bytes than those (so the partition's live values end up adjacent and
+/// in key order, and a history read is a few large reads, while compaction copies at most
+/// twice what it must). Returns them and the bytes of the values gathered from outside.
+fn movers(index: &partition::Index, victims: &HashSet<u32>) -> (Vec<Mover>, u64) {
+    let (mut inside, mut outside) = (0u64, 0u64);
+    for v in index.values() {
+        if victims.contains(&loc_segment(v.at)) {
+            inside += v.len as u64;
+        } else {
+            outside += v.len as u64;
+        }
+    }
+    let gather = inside > 0 && outside <= inside;
+    let movers = index
+        .iter()
+        .filter(|(_, v)| gather || victims.contains(&loc_segment(v.at)))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    (movers, if gather { outside } else { 0 })
+}
 
 fn chunk_by_bytes(entries: &[Mover]) -> Vec<&[Mover]> {
     let mut chunks = Vec::new();

@@ -546,16 +546,7 @@ impl Journal {
     /// (SPEC S4): a value past the end of a truncated segment, in a missing segment or one
     /// whose header is damaged, or failing its checksum.
     pub fn read_value(&self, v: &ValueLoc, partition: &dyn std::fmt::Display) -> Result<Vec<u8>> {
-        let damaged = |detail: &str| {
-            Error::corrupt(
-                format!("partition {partition}"),
-                format!(
-                    "value at journal segment {} offset {}: {detail}",
-                    loc_segment(v.at),
-                    loc_offset(v.at)
-                ),
-            )
-        };
+        let damaged = |detail: &str| value_damage(v, partition, detail);
         let mut buf = vec![0u8; v.len as usize];
         match self.read_at(v.at, &mut buf) {
             Ok(()) => {}
@@ -671,6 +662,18 @@ pub enum RecordStart {
     Whole(Frame, Vec<u8>),
     /// The frame (verified) and the first bytes of a longer body (not yet verified).
     Partial(Frame, Vec<u8>),
+}
+
+/// Damage to a value: `Corrupt` naming the partition, the segment and the value's offset.
+pub fn value_damage(v: &ValueLoc, partition: &dyn std::fmt::Display, detail: &str) -> Error {
+    Error::corrupt(
+        format!("partition {partition}"),
+        format!(
+            "value at journal segment {} offset {}: {detail}",
+            loc_segment(v.at),
+            loc_offset(v.at)
+        ),
+    )
 }
 
 fn record_damage(at: Loc, detail: &str) -> Error {

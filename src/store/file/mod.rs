@@ -25,6 +25,7 @@ mod partition;
 mod recovery;
 mod segments;
 mod unload;
+mod values;
 mod verify;
 mod vfs;
 mod window;
@@ -192,6 +193,8 @@ pub struct FileStoreBuilder {
     append_observer: Option<AppendObserver>,
     #[cfg(feature = "fault-injection")]
     reader_pin: fault::skip::PinSwitch,
+    #[cfg(feature = "fault-injection")]
+    skip_value_checks: bool,
 }
 
 /// Called with each batch's partition and journal sequence number once it is appended (tests
@@ -448,6 +451,16 @@ impl FileStoreBuilder {
         self
     }
 
+    /// Test only (feature `fault-injection`): values cut out of a merged read, or taken from
+    /// the records a load has just read, skip their checksums, so a test can show that it
+    /// catches a damaged value read that way (a negative control). Never use this outside a
+    /// test.
+    #[cfg(feature = "fault-injection")]
+    pub fn skip_value_checks(mut self) -> Self {
+        self.skip_value_checks = true;
+        self
+    }
+
     /// Opens (creating if needed) the store.
     ///
     /// # Examples
@@ -529,6 +542,8 @@ struct Inner {
     background: compaction::Background,
     /// Unloading idle indexes under `max_loaded_partitions` (SPEC S8).
     index_budget: unload::IndexBudget,
+    /// Record bodies chain walks read lately, so the reads after a load take values from them.
+    recent: values::RecentRecords,
     /// Dropping the sender stops the periodic sync thread.
     syncer: Mutex<Option<crossbeam::channel::Sender<()>>>,
 }
@@ -620,6 +635,8 @@ impl FileStore {
             append_observer: None,
             #[cfg(feature = "fault-injection")]
             reader_pin: Default::default(),
+            #[cfg(feature = "fault-injection")]
+            skip_value_checks: false,
         }
     }
 
@@ -812,6 +829,7 @@ impl FileStore {
             garbage_bytes: AtomicU64::new(garbage),
             background: compaction::Background::default(),
             index_budget: unload::IndexBudget::default(),
+            recent: values::RecentRecords::default(),
             syncer: Mutex::new(syncer),
         });
         if needs_snapshot {
@@ -1051,13 +1069,19 @@ impl Inner {
             commit.load = Load::Corrupt(detail.clone());
             return Err(state.corrupt_error(&detail));
         }
-        match chain::load_index(&self.journal, state, partition::head_of(state)) {
+        match chain::load_index(
+            &self.journal,
+            &self.recent,
+            state,
+            partition::head_of(state),
+        ) {
             Ok((index, chain_len)) => {
                 let mut view = state.view.write();
                 view.index = index;
                 view.loaded = true;
                 commit.chain_len = chain_len;
                 commit.load = Load::Loaded;
+                state.warm.store(true, Ordering::Relaxed);
                 self.loaded.fetch_add(1, Ordering::Relaxed);
                 log::debug!(
                     "loaded partition {} ({} keys, chain {})",
@@ -1122,7 +1146,35 @@ impl Inner {
     }
 
     fn read_value(&self, state: &PartState, v: &ValueLoc) -> Result<Vec<u8>> {
+        if state.warm.load(Ordering::Relaxed) {
+            if let Some(value) = self.recent.value(v, self.value_checks()) {
+                return Ok(value);
+            }
+            state.warm.store(false, Ordering::Relaxed);
+        }
         self.journal.read_value(v, &state.name)
+    }
+
+    /// Reads many values with as few reads as possible (see [`values`]); answers in order.
+    fn read_values(&self, state: &PartState, locs: &[ValueLoc]) -> Result<Vec<Vec<u8>>> {
+        let check = self.value_checks();
+        let recent = state.warm.load(Ordering::Relaxed).then_some(&self.recent);
+        let (values, from_recent) =
+            values::read_many(&self.journal, recent, locs, &state.name, check)?;
+        if recent.is_some() && from_recent == 0 && !locs.is_empty() {
+            state.warm.store(false, Ordering::Relaxed);
+        }
+        Ok(values)
+    }
+
+    /// Whether values read through a merged read or the recent records are checked (always,
+    /// unless a test turned it off).
+    fn value_checks(&self) -> bool {
+        #[cfg(feature = "fault-injection")]
+        if self.config.skip_value_checks {
+            return false;
+        }
+        true
     }
 
     /// Moves batches that are now visible from `pending` into the readers' index, in order.
@@ -1349,9 +1401,10 @@ impl Store for FileStore {
             let view = state.view.read();
             keys.iter().map(|k| view.index.get(*k).copied()).collect()
         };
-        locs.into_iter()
-            .map(|v| v.map(|v| inner.read_value(&state, &v)).transpose())
-            .collect()
+        let mut values = inner
+            .read_values(&state, &locs.iter().flatten().copied().collect::<Vec<_>>())?
+            .into_iter();
+        Ok(locs.iter().map(|v| v.and_then(|_| values.next())).collect())
     }
 
     fn scan(
@@ -1385,11 +1438,10 @@ impl Store for FileStore {
                 .collect();
             (found, iter.next().is_some())
         };
-        let mut entries = Vec::with_capacity(found.len());
-        for (k, v) in found {
-            let value = inner.read_value(&state, &v)?;
-            entries.push((k, value));
-        }
+        let locs: Vec<ValueLoc> = found.iter().map(|(_, v)| *v).collect();
+        let values = inner.read_values(&state, &locs)?;
+        let entries: Vec<(Vec<u8>, Vec<u8>)> =
+            found.into_iter().map(|(k, _)| k).zip(values).collect();
         let next = match (more, entries.last()) {
             (true, Some((last, _))) => Some(Cursor(last.clone())),
             _ => None,

@@ -5,7 +5,7 @@
 //! see). Readers take only `view`. Never hold either while waiting for another partition.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -31,6 +31,10 @@ pub struct PartState {
     pub folded_lsn: AtomicU64,
     /// The store's touch counter at this partition's last touch (dropping idle indexes).
     pub last_touch: AtomicU64,
+    /// Whether the records its last load read may still be in the store's cache of recent
+    /// records: reads look there only while this holds, and clear it on a miss, so reads of a
+    /// partition loaded long ago never touch the shared cache.
+    pub warm: AtomicBool,
     pub commit: Mutex<CommitState>,
     pub view: RwLock<View>,
 }
@@ -89,6 +93,7 @@ impl PartState {
             appended_lsn: AtomicU64::new(0),
             folded_lsn: AtomicU64::new(0),
             last_touch: AtomicU64::new(0),
+            warm: AtomicBool::new(false),
             commit: Mutex::new(CommitState {
                 load: Load::NotLoaded,
                 pending: VecDeque::new(),
