@@ -17,7 +17,7 @@ use super::format::{
 };
 use super::journal::{Journal, RecordStart};
 use super::partition::{self, CommitState, Index, IndexOp, PartState};
-use super::values::RecentRecords;
+use super::values::{RECENT_BYTES, RecentRecords};
 use crate::error::{Error, Result};
 
 /// Bytes of index entries per base record. A partition whose index is larger gets a base run
@@ -114,6 +114,8 @@ pub fn load_index(
     // While inside a complete base run: the part expected next (walking back) and the run size.
     let mut run: Option<(u32, u32)> = None;
     let mut at = head;
+    // Bodies of the small batch records read, for the reads that follow the load.
+    let (mut warm, mut warm_bytes) = (Vec::new(), 0usize);
     loop {
         if at == 0 {
             if run.is_some() {
@@ -126,13 +128,7 @@ pub fn load_index(
             other => other,
         })?;
         let (frame, bytes, whole) = match start {
-            RecordStart::Whole(frame, body) => {
-                // Its values may be read next: keep the verified body of a small batch.
-                if frame.kind == RecordKind::Batch {
-                    recent.insert(at + FRAME_LEN as u64, &body);
-                }
-                (frame, body, true)
-            }
+            RecordStart::Whole(frame, body) => (frame, body, true),
             RecordStart::Partial(frame, start) => (frame, start, false),
         };
         if frame.partition_hash != state.hash {
@@ -148,20 +144,25 @@ pub fn load_index(
         if frame.kind != RecordKind::Base && prev >= at {
             return Err(corrupt(at, "a chain link points forwards"));
         }
-        let link = move |bytes: Vec<u8>| -> Result<Link> {
+        let link = move |bytes: &[u8]| -> Result<Link> {
             if !whole {
                 return Ok(Link::Reread(at));
             }
-            Ok(Link::Decoded(effect(state, at, frame.kind, &bytes)?))
+            Ok(Link::Decoded(effect(state, at, frame.kind, bytes)?))
         };
         match (frame.kind, run) {
             (RecordKind::Batch, None) => {
-                links.push(link(bytes)?);
+                links.push(link(&bytes)?);
+                // Its values may be read next: keep the verified body (moved, not copied).
+                if whole && warm_bytes + bytes.len() <= RECENT_BYTES {
+                    warm_bytes += bytes.len();
+                    warm.push((at + FRAME_LEN as u64, bytes.into_boxed_slice()));
+                }
                 chain_len += 1;
                 at = prev;
             }
             (RecordKind::Base, None) => {
-                links.push(link(bytes)?);
+                links.push(link(&bytes)?);
                 chain_len += 1;
                 break;
             }
@@ -190,7 +191,7 @@ pub fn load_index(
                     }
                     _ => {}
                 }
-                links.push(link(bytes)?);
+                links.push(link(&bytes)?);
                 if part == 0 {
                     chain_len += 1;
                     break;
@@ -202,6 +203,7 @@ pub fn load_index(
         }
     }
 
+    recent.insert_many(warm);
     let mut index = Index::new();
     for link in links.into_iter().rev() {
         let effect = match link {

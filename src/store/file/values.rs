@@ -17,7 +17,6 @@
 //! taken from it is checked against its own checksum like any other.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
 
 use parking_lot::RwLock;
 
@@ -44,7 +43,7 @@ pub struct RecentRecords {
 #[derive(Default)]
 struct Recent {
     /// Body start to body bytes.
-    bodies: BTreeMap<Loc, Arc<[u8]>>,
+    bodies: BTreeMap<Loc, Box<[u8]>>,
     /// Insertion order, for eviction.
     order: VecDeque<Loc>,
     bytes: usize,
@@ -52,25 +51,36 @@ struct Recent {
 
 impl RecentRecords {
     /// Remembers a verified record body that starts at `body_at`.
+    #[cfg(test)]
     pub fn insert(&self, body_at: Loc, body: &[u8]) {
-        if body.is_empty() || body.len() > RECENT_BODY_MAX {
+        self.insert_many(vec![(body_at, Box::from(body))]);
+    }
+
+    /// Remembers verified record bodies (body start, bytes), under one lock.
+    pub fn insert_many(&self, bodies: Vec<(Loc, Box<[u8]>)>) {
+        if bodies.is_empty() {
             return;
         }
         let mut recent = self.inner.write();
-        if recent.bodies.contains_key(&body_at) {
-            return;
-        }
-        while recent.bytes + body.len() > RECENT_BYTES {
-            let Some(oldest) = recent.order.pop_front() else {
-                break;
-            };
-            if let Some(dropped) = recent.bodies.remove(&oldest) {
-                recent.bytes -= dropped.len();
+        for (body_at, body) in bodies {
+            if body.is_empty() || body.len() > RECENT_BODY_MAX {
+                continue;
             }
+            if recent.bodies.contains_key(&body_at) {
+                continue;
+            }
+            while recent.bytes + body.len() > RECENT_BYTES {
+                let Some(oldest) = recent.order.pop_front() else {
+                    break;
+                };
+                if let Some(dropped) = recent.bodies.remove(&oldest) {
+                    recent.bytes -= dropped.len();
+                }
+            }
+            recent.bytes += body.len();
+            recent.bodies.insert(body_at, body);
+            recent.order.push_back(body_at);
         }
-        recent.bodies.insert(body_at, Arc::from(body));
-        recent.order.push_back(body_at);
-        recent.bytes += body.len();
     }
 
     /// The value at `v` if a remembered body holds all of it and it passes its checksum.
