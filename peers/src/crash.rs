@@ -1,8 +1,9 @@
 //! Reopen after SIGKILL mid-write. Per system: bulk-load a store of about 512 MiB (not
 //! compared); then, per run, start a writer child process (this binary, re-executed with a
 //! hidden sub-command) that makes durable single-row writes in a loop and prints a line after
-//! each acknowledged one; once it has acknowledged some, kill it with SIGKILL (it is then in
-//! the middle of its next write); then time, in a fresh child process, opening the store and
+//! each acknowledged one; once it has acknowledged some, kill it with SIGKILL (it does nothing
+//! but write and print, so it is almost always inside its next write, most of which is the
+//! sync; the kill's moment is not checked); then time, in a fresh child process, opening the store and
 //! one point read of the last write the killed writer acknowledged, and check its value. The
 //! page cache is dropped before the fresh process starts for the cold rows.
 //!
@@ -111,7 +112,7 @@ pub fn kill_then_reopen(
             break;
         }
     }
-    // `Child::kill` sends SIGKILL on Unix; the writer is making its next write.
+    // `Child::kill` sends SIGKILL on Unix; the writer is (almost always) inside its next write.
     writer.kill()?;
     let status = writer.wait()?;
     drop(lines);
