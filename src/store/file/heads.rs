@@ -252,8 +252,45 @@ pub fn verify(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Position>>
     Ok(Some(opened.position))
 }
 
-/// One page's entries, in name order.
-type Entries = Vec<(Box<[u8]>, Loc)>;
+/// A page read and verified: its bytes and where each entry's name starts, in name order (no
+/// allocation per entry: a first touch reads one page).
+struct Page {
+    buf: Vec<u8>,
+    names: Vec<(u16, u8)>,
+}
+
+impl Page {
+    fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    fn entry(&self, i: usize) -> (&[u8], Loc) {
+        let (at, len) = (self.names[i].0 as usize, self.names[i].1 as usize);
+        let head = &self.buf[at + len..at + len + 8];
+        (
+            &self.buf[at..at + len],
+            u64::from_le_bytes(head.try_into().expect("8 bytes")),
+        )
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&[u8], Loc)> {
+        (0..self.len()).map(|i| self.entry(i))
+    }
+
+    fn find(&self, name: &[u8]) -> Option<Loc> {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let (n, head) = self.entry(mid);
+            match n.cmp(name) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(head),
+            }
+        }
+        None
+    }
+}
 
 impl Pages {
     /// Partitions in the snapshot.
@@ -309,7 +346,7 @@ impl Pages {
     }
 
     /// Reads and verifies one page. A damaged page is remembered and refused.
-    fn read_page(&self, page: u32) -> Result<Entries> {
+    fn read_page(&self, page: u32) -> Result<Page> {
         if let Some(found) = self.damaged.lock().get(&page) {
             return Err(self.refusal(page, found));
         }
@@ -319,7 +356,7 @@ impl Pages {
             .read_exact_at(&mut buf, at)
             .map_err(|e| Error::io(format!("reading {} page {page}", self.shown), e))?;
         match self.decode_page(page, &buf) {
-            Some(entries) => Ok(entries),
+            Some(names) => Ok(Page { buf, names }),
             None => {
                 let found = "checksum mismatch or undecodable entries".to_owned();
                 log::error!(
@@ -334,7 +371,7 @@ impl Pages {
         }
     }
 
-    fn decode_page(&self, page: u32, buf: &[u8]) -> Option<Entries> {
+    fn decode_page(&self, page: u32, buf: &[u8]) -> Option<Vec<(u16, u8)>> {
         let checked = {
             #[cfg(feature = "test-hooks")]
             {
@@ -347,20 +384,24 @@ impl Pages {
             return None;
         }
         let count = u16::from_le_bytes(buf[4..6].try_into().ok()?) as usize;
-        let mut entries = Vec::with_capacity(count);
+        let mut names = Vec::with_capacity(count);
         let mut at = PAGE_HEAD;
+        // Names must be in order and within the page's span, or lookups would miss them.
+        let mut ordered = true;
+        let mut previous: Option<&[u8]> = None;
         for _ in 0..count {
             let len = *buf.get(at)? as usize;
             let name = buf.get(at + 1..at + 1 + len)?;
-            let head = u64::from_le_bytes(buf.get(at + 1 + len..at + 9 + len)?.try_into().ok()?);
-            entries.push((Box::from(name), head));
+            buf.get(at + 1 + len..at + 9 + len)?;
+            ordered &= match previous {
+                Some(p) => p < name,
+                None => name == self.first_name(page),
+            };
+            previous = Some(name);
+            names.push(((at + 1) as u16, len as u8));
             at += 9 + len;
         }
-        // Names must be in order and within the page's span, or lookups would miss them.
-        let first = self.first_name(page);
-        let ordered = entries.windows(2).all(|w| w[0].0 < w[1].0)
-            && entries.first().is_none_or(|(n, _)| **n == *first);
-        (!checked || ordered).then_some(entries)
+        (!checked || ordered).then_some(names)
     }
 
     /// The head of partition `name` in the snapshot, if it is there.
@@ -368,17 +409,13 @@ impl Pages {
         let Some(page) = self.page_for(name) else {
             return Ok(None);
         };
-        let entries = self.read_page(page)?;
-        Ok(entries
-            .binary_search_by(|(n, _)| (**n).cmp(name))
-            .ok()
-            .map(|i| entries[i].1))
+        Ok(self.read_page(page)?.find(name))
     }
 
     /// Whether each of `names` (sorted) is in the snapshot, reading each page at most once.
     /// A damaged page answers true for the names it could hold (they are refused anyway).
     pub fn contains_sorted(&self, names: &[&[u8]]) -> Vec<bool> {
-        let mut cached: Option<(u32, Result<Entries>)> = None;
+        let mut cached: Option<(u32, Result<Page>)> = None;
         names
             .iter()
             .map(|name| {
@@ -389,7 +426,7 @@ impl Pages {
                     cached = Some((page, self.read_page(page)));
                 }
                 match &cached.as_ref().expect("just filled").1 {
-                    Ok(entries) => entries.binary_search_by(|(n, _)| (**n).cmp(name)).is_ok(),
+                    Ok(entries) => entries.find(name).is_some(),
                     Err(_) => true,
                 }
             })
@@ -406,10 +443,10 @@ impl Pages {
             {
                 break;
             }
-            for (name, head) in self.read_page(page)? {
+            for (name, head) in self.read_page(page)?.iter() {
                 if name.starts_with(prefix) {
-                    each(&name, head);
-                } else if *name > *prefix {
+                    each(name, head);
+                } else if name > prefix {
                     return Ok(());
                 }
             }
@@ -419,16 +456,16 @@ impl Pages {
     }
 
     /// Every entry, page by page (writing the next snapshot).
-    fn pages(&self) -> impl Iterator<Item = Result<Entries>> + '_ {
+    fn pages(&self) -> impl Iterator<Item = Result<Page>> + '_ {
         (0..self.page_count()).map(|page| self.read_page(page))
     }
 
     /// Calls `each` with the name of every partition on a page that reads intact; a damaged
     /// page is skipped (its names are refused already).
     pub fn for_each_readable(&self, mut each: impl FnMut(&[u8])) {
-        for entries in self.pages().flatten() {
-            for (name, _) in entries {
-                each(&name);
+        for page in self.pages().flatten() {
+            for (name, _) in page.iter() {
+                each(name);
             }
         }
     }
@@ -480,18 +517,18 @@ pub fn write(
         first_ends: Vec::new(),
     };
     let mut changed = changed.iter().peekable();
-    let base_pages: Box<dyn Iterator<Item = Result<Entries>>> = match base {
+    let base_pages: Box<dyn Iterator<Item = Result<Page>>> = match base {
         Some(base) => Box::new(base.pages()),
         None => Box::new(std::iter::empty()),
     };
-    for entries in base_pages {
-        for (n, head) in entries? {
+    for page in base_pages {
+        for (n, head) in page?.iter() {
             while let Some((c, h)) = changed.next_if(|(c, _)| **c < *n) {
                 writer.push(c, *h).map_err(|e| io("writing", e))?;
             }
             match changed.next_if(|(c, _)| **c == *n) {
                 Some((c, h)) => writer.push(c, *h),
-                None => writer.push(&n, head),
+                None => writer.push(n, head),
             }
             .map_err(|e| io("writing", e))?;
         }
