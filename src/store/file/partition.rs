@@ -31,6 +31,11 @@ pub struct PartState {
     pub folded_lsn: AtomicU64,
     /// The store's touch counter at this partition's last touch (dropping idle indexes).
     pub last_touch: AtomicU64,
+    /// Whether the heads snapshot open read holds this partition (counting partitions).
+    pub in_base: bool,
+    /// Whether `head` was taken from that snapshot's pages: while `head_lsn` is 0 it is still
+    /// the snapshot's, and dropping the index need not remember it.
+    pub from_base: bool,
     pub commit: Mutex<CommitState>,
     pub view: RwLock<View>,
 }
@@ -79,7 +84,7 @@ pub enum Lookup {
 }
 
 impl PartState {
-    pub fn new(name: Partition, head: Loc) -> Self {
+    pub fn new(name: Partition, head: Loc, in_base: bool, from_base: bool) -> Self {
         let hash = format::partition_hash(name.as_bytes());
         PartState {
             name,
@@ -89,6 +94,8 @@ impl PartState {
             appended_lsn: AtomicU64::new(0),
             folded_lsn: AtomicU64::new(0),
             last_touch: AtomicU64::new(0),
+            in_base,
+            from_base,
             commit: Mutex::new(CommitState {
                 load: Load::NotLoaded,
                 pending: VecDeque::new(),
