@@ -36,32 +36,96 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Runs `commit(thread, seq)` on `threads` threads for `duration`; returns commits per second.
-fn round(threads: usize, duration: Duration, commit: &(dyn Fn(usize, u64) + Sync)) -> f64 {
+/// What one round measured: commits per second, and CPU time per commit spent by the client's
+/// threads and by the etcd process (from the kernel's per-thread run-time accounting, so a busy
+/// machine changes it far less than the rate).
+#[derive(Clone, Copy, Default)]
+struct Measured {
+    rate: f64,
+    client_us: f64,
+    etcd_us: f64,
+}
+
+/// Nanoseconds the calling thread has run on a CPU (`/proc/thread-self/schedstat`), or 0.
+fn thread_cpu_ns() -> u64 {
+    schedstat_ns("/proc/thread-self/schedstat")
+}
+
+fn schedstat_ns(path: impl AsRef<std::path::Path>) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Nanoseconds every thread of process `pid` has run on a CPU, or 0.
+fn process_cpu_ns(pid: Option<u32>) -> u64 {
+    let Some(pid) = pid else { return 0 };
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .map(|t| schedstat_ns(t.path().join("schedstat")))
+        .sum()
+}
+
+/// Runs `commit(thread, seq)` on `threads` threads for `duration`; `etcd` is the server's process
+/// id.
+fn round(
+    threads: usize,
+    duration: Duration,
+    etcd: Option<u32>,
+    commit: &(dyn Fn(usize, u64) + Sync),
+) -> Measured {
     let barrier = Barrier::new(threads + 1);
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
     let seq = AtomicU64::new(0);
-    let elapsed = std::thread::scope(|s| {
+    let client_ns = AtomicU64::new(0);
+    let (elapsed, etcd_ns) = std::thread::scope(|s| {
         for t in 0..threads {
-            let (barrier, stop, done, seq) = (&barrier, &stop, &done, &seq);
+            let (barrier, stop, done, seq, client_ns) = (&barrier, &stop, &done, &seq, &client_ns);
             s.spawn(move || {
                 barrier.wait();
+                let cpu = thread_cpu_ns();
                 while !stop.load(Ordering::Relaxed) {
                     commit(t, seq.fetch_add(1, Ordering::Relaxed));
                     done.fetch_add(1, Ordering::Relaxed);
                 }
+                client_ns.fetch_add(thread_cpu_ns() - cpu, Ordering::Relaxed);
                 barrier.wait();
             });
         }
+        let etcd_before = process_cpu_ns(etcd);
         barrier.wait();
         let started = Instant::now();
         std::thread::sleep(duration);
         stop.store(true, Ordering::Relaxed);
         barrier.wait();
-        started.elapsed()
+        let elapsed = started.elapsed();
+        (elapsed, process_cpu_ns(etcd) - etcd_before)
     });
-    done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64()
+    let commits = done.load(Ordering::Relaxed).max(1) as f64;
+    Measured {
+        rate: commits / elapsed.as_secs_f64(),
+        client_us: client_ns.load(Ordering::Relaxed) as f64 / 1e3 / commits,
+        etcd_us: etcd_ns as f64 / 1e3 / commits,
+    }
+}
+
+/// The thread counts to measure: `THREADS` (comma-separated), else 1, 4 and 16 (at most 16).
+fn thread_counts() -> Vec<usize> {
+    std::env::var("THREADS")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .filter_map(|t| t.trim().parse().ok())
+                .filter(|t| (1..=16).contains(t))
+                .collect::<Vec<usize>>()
+        })
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| vec![1, 4, 16])
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -122,9 +186,10 @@ fn main() {
         let outcome = store.apply(&parts[t], &batch).expect("apply");
         assert!(outcome.is_committed());
     };
+    let pid = etcd.pid();
     // Warm both paths (connections, the partitions' first batches).
-    round(16, Duration::from_millis(200), &raw_commit);
-    round(16, Duration::from_millis(200), &store_commit);
+    round(16, Duration::from_millis(200), pid, &raw_commit);
+    round(16, Duration::from_millis(200), pid, &store_commit);
 
     println!();
     println!(
@@ -135,16 +200,20 @@ fn main() {
         "| threads | raw txn | EtcdStore | EtcdStore / raw | raw + marker key | raw + marker key + compare |"
     );
     println!("|---|---|---|---|---|---|");
+    let kinds: [&(dyn Fn(usize, u64) + Sync); 4] =
+        [&raw_commit, &store_commit, &raw_key_commit, &raw_cas_commit];
     let mut detail = Vec::new();
-    for threads in [1usize, 4, 16] {
-        let mut rates: [Vec<f64>; 4] = Default::default();
+    let mut cpu = Vec::new();
+    for threads in thread_counts() {
+        let mut runs: [Vec<Measured>; 4] = Default::default();
         for _ in 0..rounds {
-            rates[0].push(round(threads, duration, &raw_commit));
-            rates[1].push(round(threads, duration, &store_commit));
-            rates[2].push(round(threads, duration, &raw_key_commit));
-            rates[3].push(round(threads, duration, &raw_cas_commit));
+            for (kind, commit) in kinds.iter().enumerate() {
+                runs[kind].push(round(threads, duration, pid, commit));
+            }
         }
-        let m: Vec<f64> = rates.iter().map(|r| median(r.clone())).collect();
+        let pick =
+            |kind: usize, f: fn(&Measured) -> f64| median(runs[kind].iter().map(f).collect());
+        let m: Vec<f64> = (0..4).map(|k| pick(k, |r| r.rate)).collect();
         println!(
             "| {threads} | {:.0} | {:.0} | **{:.1}%** | {:.0} ({:.1}%) | {:.0} ({:.1}%) |",
             m[0],
@@ -155,32 +224,63 @@ fn main() {
             m[3],
             100.0 * m[3] / m[0]
         );
-        let fmt = |xs: &[f64]| {
-            xs.iter()
-                .map(|x| format!("{x:.0}"))
+        let cpu_cells = |f: fn(&Measured) -> f64| {
+            (0..4)
+                .map(|k| format!("{:.0}", pick(k, f)))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        cpu.push(format!(
+            "| {threads} | {} | {} |",
+            cpu_cells(|r| r.client_us),
+            cpu_cells(|r| r.etcd_us)
+        ));
+        let fmt = |kind: usize| {
+            runs[kind]
+                .iter()
+                .map(|r| format!("{:.0}", r.rate))
                 .collect::<Vec<_>>()
                 .join(" ")
         };
         detail.push(format!(
             "{threads} threads, commits/s per round: raw {}; store {}; raw + key {}; raw + key + compare {}",
-            fmt(&rates[0]),
-            fmt(&rates[1]),
-            fmt(&rates[2]),
-            fmt(&rates[3])
+            fmt(0),
+            fmt(1),
+            fmt(2),
+            fmt(3)
         ));
+    }
+    println!();
+    println!(
+        "CPU time per commit, microseconds (medians; raw / store / raw + key / raw + key + compare):"
+    );
+    println!("| threads | client threads | etcd process |");
+    println!("|---|---|---|");
+    for line in cpu {
+        println!("{line}");
     }
     println!();
     for line in detail {
         println!("{line}");
     }
-    fenced_writes(&store, rounds, duration, &value);
+    if env_u64("FENCED", 1) == 0 {
+        store.close().unwrap();
+        return;
+    }
+    fenced_writes(&store, pid, rounds, duration, &value);
     store.close().unwrap();
 }
 
 /// The cost of a fenced write on etcd (SPEC F3 without deadlines): `Fence::write` of a one-put
 /// batch under a usable lease (a lease read, then the apply guarded on it) against
 /// `EtcdStore::apply` of the same batch, each thread on its own entity, rounds alternating.
-fn fenced_writes(store: &Arc<EtcdStore>, rounds: usize, duration: Duration, value: &[u8]) {
+fn fenced_writes(
+    store: &Arc<EtcdStore>,
+    pid: Option<u32>,
+    rounds: usize,
+    duration: Duration,
+    value: &[u8],
+) {
     use portcullis::fence::{Fence, FenceConfig, WriteOutcome};
     use portcullis::{EntityId, SystemClock};
     let fence = Fence::new(
@@ -204,16 +304,16 @@ fn fenced_writes(store: &Arc<EtcdStore>, rounds: usize, duration: Duration, valu
         assert!(outcome.is_committed());
     };
     // Warm: every entity takes its lease (a renewal) before the rounds.
-    round(16, Duration::from_millis(200), &fenced_commit);
+    round(16, Duration::from_millis(200), pid, &fenced_commit);
     println!();
     println!("## etcd: a fenced write (lease read + guarded apply) against a plain apply");
     println!("| threads | EtcdStore::apply | Fence::write | fenced / plain |");
     println!("|---|---|---|---|");
-    for threads in [1usize, 4, 16] {
+    for threads in thread_counts() {
         let (mut plain, mut fenced) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
-            plain.push(round(threads, duration, &plain_commit));
-            fenced.push(round(threads, duration, &fenced_commit));
+            plain.push(round(threads, duration, pid, &plain_commit).rate);
+            fenced.push(round(threads, duration, pid, &fenced_commit).rate);
         }
         let (p, f) = (median(plain), median(fenced));
         println!(

@@ -79,3 +79,8 @@ pub fn set_segment_version(segment: &mut [u8], version: u32) {
 pub fn set_envelope_version(file: &mut [u8], version: u32) {
     set_preamble_version(file, version);
 }
+
+/// Where the first page of a paged heads snapshot starts, and the length of each page
+/// (docs/DESIGN.md, "Heads snapshot").
+pub const SNAPSHOT_PAGES_AT: usize = 4096;
+pub const SNAPSHOT_PAGE_LEN: usize = 16 << 10;

@@ -63,7 +63,8 @@ impl EtcdStoreBuilder {
         self
     }
 
-    /// How long one request may take before its answer counts as lost (default 10 s).
+    /// How long etcd may stay silent (on one read or write of a request) before the request's
+    /// answer counts as lost (default 10 s); also the bound on making a connection.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -141,6 +142,10 @@ impl EtcdStoreBuilder {
             closed: AtomicBool::new(false),
             #[cfg(feature = "etcd-test-hooks")]
             no_marker: self.no_marker,
+            #[cfg(test)]
+            compact_before_read_back: AtomicBool::new(false),
+            #[cfg(test)]
+            compactions: AtomicU64::new(0),
         };
         let named: PutResponse = store.request(
             "/v3/kv/put",

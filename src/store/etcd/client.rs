@@ -11,6 +11,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 
+use ureq::config::AutoHeaderValue;
+use ureq::http::Uri;
+
 use super::keys::unb64;
 use crate::error::{Error, Result};
 
@@ -53,12 +56,18 @@ impl Failure {
     }
 }
 
+/// etcd's transaction and range paths, whose URIs a client keeps parsed.
+pub(crate) const TXN: &str = "/v3/kv/txn";
+pub(crate) const RANGE: &str = "/v3/kv/range";
+
 /// A blocking client of one etcd endpoint.
 #[derive(Debug)]
 pub(crate) struct Client {
     agent: ureq::Agent,
     base: String,
     endpoint: String,
+    txn: Uri,
+    range: Uri,
 }
 
 impl Client {
@@ -75,25 +84,39 @@ impl Client {
             )));
         }
         let endpoint = base.trim_start_matches("http://").to_string();
+        let parse = |path: &str| {
+            format!("{base}{path}").parse::<Uri>().map_err(|e| {
+                Error::invalid(format!(
+                    "etcd endpoint {endpoint}: not a valid address ({e})"
+                ))
+            })
+        };
+        let (txn, range) = (parse(TXN)?, parse(RANGE)?);
         let agent = ureq::Agent::config_builder()
             // Hand 4xx/5xx bodies back: etcd explains its refusals in them.
             .http_status_as_error(false)
-            // Per phase rather than one global timeout: with `timeout_global` every commit was
-            // measurably slower (BENCHMARKS.md, etcd).
+            // A bound on each read and each write rather than on a whole request or phase: a
+            // deadline makes the socket's timeout different for every read and write, which
+            // costs a system call each time (three per commit); a fixed bound is set once per
+            // connection. etcd answers a request in one or two reads, so the bound is still
+            // how long etcd may leave a request unanswered.
             .timeout_connect(Some(timeout))
-            .timeout_send_request(Some(timeout))
-            .timeout_send_body(Some(timeout))
-            .timeout_recv_response(Some(timeout))
-            .timeout_recv_body(Some(timeout))
+            .timeout_per_read(Some(timeout))
+            .timeout_per_write(Some(timeout))
             .max_idle_connections(connections)
             .max_idle_connections_per_host(connections)
             .no_delay(true)
+            // Headers etcd does not read, which its gateway would parse on every request.
+            .user_agent(AutoHeaderValue::None)
+            .accept(AutoHeaderValue::None)
             .build()
             .new_agent();
         Ok(Client {
             agent,
             base,
             endpoint,
+            txn,
+            range,
         })
     }
 
@@ -106,15 +129,27 @@ impl Client {
     pub(crate) fn post<T: de::DeserializeOwned>(
         &self,
         path: &str,
-        body: &serde_json::Value,
+        body: &[u8],
     ) -> std::result::Result<T, Failure> {
-        let body = serde_json::to_vec(body).expect("a JSON value always serialises");
-        let url = format!("{}{path}", self.base);
+        let bytes = self.post_bytes(path, body)?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            // A garbled answer to a write leaves its fate unknown.
+            Failure::Ambiguous(format!(
+                "sent an answer to {path} that does not decode: {e}"
+            ))
+        })
+    }
+
+    /// POSTs `body` (JSON) to `path` and returns the body of etcd's `200 OK` answer.
+    pub(crate) fn post_bytes(
+        &self,
+        path: &str,
+        body: &[u8],
+    ) -> std::result::Result<Vec<u8>, Failure> {
         let mut response = self
             .agent
-            .post(&url)
-            .header("content-type", "application/json")
-            .send(&body[..])
+            .post(self.uri(path))
+            .send(body)
             .map_err(classify)?;
         let status = response.status().as_u16();
         let bytes = response
@@ -136,12 +171,18 @@ impl Client {
                 message: refusal.message,
             });
         }
-        serde_json::from_slice(&bytes).map_err(|e| {
-            // A garbled answer to a write leaves its fate unknown.
-            Failure::Ambiguous(format!(
-                "sent an answer to {path} that does not decode: {e}"
-            ))
-        })
+        Ok(bytes)
+    }
+
+    /// The URI of `path`: parsed once per path, then cloned (a reference count).
+    fn uri(&self, path: &str) -> Uri {
+        match path {
+            TXN => self.txn.clone(),
+            RANGE => self.range.clone(),
+            _ => format!("{}{path}", self.base)
+                .parse()
+                .expect("the base parsed at open, and every path is a constant"),
+        }
     }
 }
 

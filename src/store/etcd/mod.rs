@@ -9,7 +9,11 @@
 
 mod builder;
 mod client;
+mod json;
 mod keys;
+#[cfg(test)]
+mod live_tests;
+mod normalise;
 mod txn;
 
 pub use builder::EtcdStoreBuilder;
@@ -22,6 +26,7 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::json;
 
 use self::client::{Client, Failure, RangeResponse, TxnResponse};
+use self::json::Body;
 use self::keys::{Layout, b64, encode_range, successor};
 use self::txn::{Answer, Target, Txn};
 use super::{
@@ -95,6 +100,11 @@ pub struct EtcdStore {
     closed: AtomicBool,
     #[cfg(feature = "etcd-test-hooks")]
     no_marker: bool,
+    /// Tests: compact etcd past a refusal's revision before reading it back.
+    #[cfg(test)]
+    compact_before_read_back: AtomicBool,
+    #[cfg(test)]
+    compactions: AtomicU64,
 }
 
 impl EtcdStore {
@@ -117,6 +127,12 @@ impl EtcdStore {
         path: &str,
         body: &serde_json::Value,
     ) -> Result<T> {
+        let body = serde_json::to_vec(body).expect("a JSON value always serialises");
+        self.request_bytes(path, &body)
+    }
+
+    /// [`Self::request`] with a body already written.
+    fn request_bytes<T: serde::de::DeserializeOwned>(&self, path: &str, body: &[u8]) -> Result<T> {
         let mut last = None;
         for attempt in 0..self.attempts {
             if attempt > 0 {
@@ -251,6 +267,24 @@ impl EtcdStore {
     }
 }
 
+impl EtcdStore {
+    /// The slot and the guarded keys of a refused attempt, read at the revision its compares
+    /// saw, and what they mean. A compacted revision is `Unavailable` with no pause.
+    fn read_back(&self, txn: &Txn<'_>, revision: i64) -> Result<Answer> {
+        #[cfg(test)]
+        if self.compact_before_read_back.load(Ordering::Relaxed) {
+            self.compact_past(revision)?;
+        }
+        let answer: TxnResponse = self.request_bytes(client::TXN, &txn.read_back_body(revision))?;
+        let ranges: Vec<&RangeResponse> = answer
+            .responses
+            .iter()
+            .filter_map(|r| r.response_range.as_ref())
+            .collect();
+        txn.settle(&ranges)
+    }
+}
+
 fn backoff(attempt: u32) {
     // 20 ms, 80 ms, 320 ms, then 1 s: enough for a leader election, short for a dropped
     // connection.
@@ -262,8 +296,11 @@ impl Store for EtcdStore {
     fn get(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.check_open()?;
         check_key_within(key, &self.limits)?;
-        let k = Layout::data_key(&self.layout.data_prefix(p), key);
-        let answer: RangeResponse = self.request("/v3/kv/range", &json!({"key": b64(&k)}))?;
+        let mut body = Body::with_capacity(64 + 2 * key.len());
+        body.raw("{\"key\":")
+            .bytes(&[&self.layout.data_prefix(p), key])
+            .raw("}");
+        let answer: RangeResponse = self.request_bytes(client::RANGE, body.as_bytes())?;
         Ok(answer.kvs.into_iter().next().map(|kv| kv.value.0))
     }
 
@@ -354,6 +391,7 @@ impl Store for EtcdStore {
         #[cfg_attr(not(feature = "etcd-test-hooks"), allow(unused_mut))]
         let mut seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let mut maybe_sent: Option<String> = None;
+        let mut reads_on_failure = false;
         let mut last = String::new();
         for attempt in 0..self.attempts {
             if attempt > 0 {
@@ -373,17 +411,39 @@ impl Store for EtcdStore {
                     slot_value: &slot.value,
                     seq,
                     abort_on_refusal: maybe_sent.is_some() && self.marker_checked(),
+                    reads_on_failure,
                 },
                 batch,
             );
             let answer = self
                 .client
-                .post::<TxnResponse>("/v3/kv/txn", txn.body())
+                .post_bytes(client::TXN, txn.body())
                 .and_then(|a| {
                     txn.outcome(&a)
                         .map_err(|e| Failure::Ambiguous(e.to_string()))
                 });
+            let answer = match answer {
+                // Refused, and nothing was applied: learn which guard failed (or whether the
+                // slot moved) from what the compares saw.
+                Ok(Answer::ReadBack { revision }) => match self.read_back(&txn, revision) {
+                    Ok(answer) => Ok(answer),
+                    Err(Error::Unavailable {
+                        retry_after_ms: 0, ..
+                    }) => {
+                        // The revision was compacted away: send the batch again with reads in
+                        // its failure branch.
+                        reads_on_failure = true;
+                        last = "the revision of a refusal was compacted".into();
+                        continue;
+                    }
+                    // Nothing was applied; the slot is left alone (its value may not be the
+                    // one expected, or it may be gone), and the next batch makes a new one.
+                    Err(e) => return Err(e),
+                },
+                other => other,
+            };
             match answer {
+                Ok(Answer::ReadBack { .. }) => unreachable!("read back above"),
                 Ok(Answer::Decided { outcome, slot: now }) => {
                     slot.value = now;
                     self.slots.lock().push(slot);

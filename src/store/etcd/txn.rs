@@ -7,27 +7,30 @@
 //!           the client's marker slot             VALUE  == its value as last known
 //! success:  the batch's operations (normalised), the partition's registry key (unless known
 //!           to exist), the slot set to "c" + the batch's number
-//! failure:  read the slot, [after a lost answer: if the slot still holds the value expected,
-//!           set it to "x" + the batch's number], then read every guarded key
+//! failure:  nothing; after a lost answer: read the slot, set it to "x" + the batch's number
+//!           if it still holds the value expected, then read every guarded key (the same
+//!           reads, without the abort, when a refusal's revision was compacted)
 //! ```
 //!
-//! etcd refuses a transaction that puts one key twice or puts a key inside a range it deletes,
-//! while a batch's operations apply in order. So the operations are normalised to their net
-//! effect first: the last operation on a key wins, range deletes are merged and split around
-//! the keys the batch puts afterwards. A batch of n operations becomes at most 2n etcd
-//! operations, which is why the backend's operation limit is half of etcd's.
+//! The operations are first normalised to their net effect ([`normalise`]), as etcd refuses a
+//! transaction that puts one key twice or puts a key inside a range it deletes.
 //!
-//! A failed transaction does not say which compare failed; its failure branch reads the slot
-//! and every guarded key at the same revision, and the guards are evaluated in order against
-//! those values, so `PreconditionFailed { index }` names the first guard that did not hold.
-//! The slot tells whether an earlier copy of this very batch committed (docs/etcd.md).
+//! A failed transaction does not say which compare failed. The slot and every guarded key are
+//! read at the revision the compares saw: by a read-only transaction pinned to the refused
+//! answer's revision (a failed transaction with an empty failure branch writes nothing, so
+//! that revision is exactly what its compares saw), or, after a lost answer, by the failure
+//! branch itself, in the same transaction as the abort. The guards are evaluated in order
+//! against those values, so `PreconditionFailed { index }` names the first guard that did not
+//! hold. The slot tells whether an earlier copy of this very batch committed (docs/etcd.md).
+//! The body is written straight into one buffer ([`Body`]).
 
 use std::collections::BTreeMap;
 
-use serde_json::{Value, json};
+use serde::Deserialize;
 
-use super::client::{RangeResponse, TxnResponse};
-use super::keys::{Layout, b64, encode_range, successor};
+use super::client::{Header, RangeResponse, TxnResponse};
+use super::json::Body;
+use super::normalise::normalise;
 use crate::error::{Error, Result};
 use crate::store::{Batch, Op, Outcome, Precondition, check_guards};
 
@@ -60,22 +63,26 @@ pub(crate) enum Answer {
     /// The transaction failed on the slot alone (an earlier copy of this batch was refused and
     /// aborted): nothing of the batch applied; try again with the slot at `slot`.
     SlotMoved { slot: Vec<u8> },
+    /// Refused, and this attempt's failure branch read nothing: nothing applied. Read the slot
+    /// and the guarded keys at `revision` ([`Txn::read_back_body`]), then [`Txn::settle`].
+    ReadBack { revision: i64 },
 }
 
 /// The transaction for one attempt of one batch.
 #[derive(Debug)]
-pub(crate) struct Txn {
-    /// Key guards in order, with their index in the batch's guards.
-    guards: Vec<(usize, Precondition)>,
-    /// The distinct guarded keys, in the order the failure branch reads them.
-    read_keys: Vec<Vec<u8>>,
+pub(crate) struct Txn<'a> {
+    batch: &'a Batch,
+    prefix: &'a [u8],
+    slot_key: &'a [u8],
     committed: Vec<u8>,
     /// The slot's value this attempt expects.
     expected: Vec<u8>,
     /// The slot value the failure branch writes when the slot still holds `expected`, if it
     /// writes one.
     aborted: Option<Vec<u8>>,
-    body: Value,
+    /// Whether the failure branch reads the slot and the guarded keys.
+    reads_on_failure: bool,
+    body: Vec<u8>,
 }
 
 /// Where a batch goes and under which marker.
@@ -89,98 +96,184 @@ pub(crate) struct Target<'a> {
     pub(crate) slot_value: &'a [u8],
     /// The batch's number, unique for this client.
     pub(crate) seq: u64,
-    /// An earlier copy may be on its way: a refusal must also abort it.
+    /// An earlier copy may be on its way: a refusal must also abort it (in the same
+    /// transaction, so the failure branch reads too).
     pub(crate) abort_on_refusal: bool,
+    /// The failure branch reads the slot and the guarded keys even without an abort (when a
+    /// refusal could not be read back).
+    pub(crate) reads_on_failure: bool,
 }
 
-impl Txn {
+/// The part of a transaction's answer needed when its failure branch read nothing: whether it
+/// succeeded, and the revision it saw. The rest of the answer is skipped, not decoded.
+#[derive(Deserialize)]
+struct TxnHead {
+    #[serde(default)]
+    header: Header,
+    #[serde(default)]
+    succeeded: bool,
+}
+
+impl<'a> Txn<'a> {
     /// Builds the transaction for `batch`. The batch has been validated; `NotAfter` refused.
-    pub(crate) fn build(t: &Target<'_>, batch: &Batch) -> Txn {
-        let mut compare = Vec::with_capacity(batch.guards().len() + 1);
-        let mut guards = Vec::with_capacity(batch.guards().len());
-        let mut reads: BTreeMap<Vec<u8>, bool> = BTreeMap::new();
-        for (index, guard) in batch.guards().iter().enumerate() {
-            let (key, mut c) = match guard {
-                Precondition::Equals(k, v) => (
-                    k,
-                    json!({"target": "VALUE", "result": "EQUAL", "value": b64(v)}),
-                ),
-                Precondition::Absent(k) => (
-                    k,
-                    json!({"target": "CREATE", "result": "EQUAL", "create_revision": "0"}),
-                ),
-                Precondition::Present(k) => (
-                    k,
-                    json!({"target": "CREATE", "result": "GREATER", "create_revision": "0"}),
-                ),
-                Precondition::NotAfter(_) => unreachable!("refused before building"),
-            };
-            c["key"] = Value::String(b64(&Layout::data_key(t.prefix, key)));
-            compare.push(c);
-            guards.push((index, guard.clone()));
-            *reads.entry(key.clone()).or_default() |= matches!(guard, Precondition::Equals(..));
-        }
-        let slot = b64(t.slot_key);
-        compare.push(
-            json!({"key": slot, "target": "VALUE", "result": "EQUAL", "value": b64(t.slot_value)}),
-        );
-
+    pub(crate) fn build(t: &Target<'a>, batch: &'a Batch) -> Txn<'a> {
         let committed = committed_mark(t.seq);
-        let mut success = normalise(t.prefix, batch.ops());
-        if let Some(registry) = t.registry {
-            success.push(json!({"request_put": {"key": b64(registry)}}));
-        }
-        success.push(json!({"request_put": {"key": slot, "value": b64(&committed)}}));
-
-        let mut failure = Vec::with_capacity(reads.len() + 2);
-        failure.push(json!({"request_range": {"key": slot}}));
         let aborted = t.abort_on_refusal.then(|| aborted_mark(t.seq));
-        if let Some(aborted) = &aborted {
-            // Conditional, so that a committed mark (an earlier copy committed) is never
-            // overwritten.
-            failure.push(json!({"request_txn": {
-                "compare": [{"key": slot, "target": "VALUE", "result": "EQUAL", "value": b64(t.slot_value)}],
-                "success": [{"request_put": {"key": slot, "value": b64(aborted)}}],
-            }}));
+        let reads_on_failure = t.reads_on_failure || aborted.is_some();
+        let key_bytes: usize = batch.guards().iter().map(guard_bytes).sum::<usize>()
+            + batch.ops().iter().map(op_bytes).sum::<usize>();
+        let mut body = Body::with_capacity(
+            256 + 4 * (t.prefix.len() + 4) * (batch.guards().len() + 2 * batch.ops().len())
+                + key_bytes * 4 / 3,
+        );
+        body.raw("{\"compare\":[");
+        for guard in batch.guards() {
+            match guard {
+                Precondition::Equals(k, v) => {
+                    // EQUAL is the default result (0), so it is left out.
+                    body.raw("{\"target\":\"VALUE\",\"key\":")
+                        .bytes(&[t.prefix, k])
+                        .raw(",\"value\":")
+                        .bytes(&[v]);
+                }
+                Precondition::Absent(k) => {
+                    body.raw("{\"target\":\"CREATE\",\"create_revision\":\"0\",\"key\":")
+                        .bytes(&[t.prefix, k]);
+                }
+                Precondition::Present(k) => {
+                    body.raw(
+                        "{\"target\":\"CREATE\",\"result\":\"GREATER\",\"create_revision\":\"0\",\"key\":",
+                    )
+                    .bytes(&[t.prefix, k]);
+                }
+                Precondition::NotAfter(_) => unreachable!("refused before building"),
+            }
+            body.raw("},");
         }
-        let mut read_keys = Vec::with_capacity(reads.len());
-        for (key, needs_value) in reads {
-            failure.push(json!({"request_range": {
-                "key": b64(&Layout::data_key(t.prefix, &key)),
-                "keys_only": !needs_value,
-            }}));
-            read_keys.push(key);
+        body.raw("{\"target\":\"VALUE\",\"key\":")
+            .bytes(&[t.slot_key])
+            .raw(",\"value\":")
+            .bytes(&[t.slot_value])
+            .raw("}],\"success\":[");
+        for op in normalise(t.prefix, batch.ops()) {
+            op.write(&mut body);
+            body.raw(",");
         }
+        if let Some(registry) = t.registry {
+            body.raw("{\"request_put\":{\"key\":")
+                .bytes(&[registry])
+                .raw("}},");
+        }
+        body.raw("{\"request_put\":{\"key\":")
+            .bytes(&[t.slot_key])
+            .raw(",\"value\":")
+            .bytes(&[&committed])
+            .raw("}}]");
+        if reads_on_failure {
+            body.raw(",\"failure\":[{\"request_range\":{\"key\":")
+                .bytes(&[t.slot_key])
+                .raw("}}");
+            if let Some(aborted) = &aborted {
+                // Conditional, so that a committed mark (an earlier copy committed) is never
+                // overwritten.
+                body.raw(",{\"request_txn\":{\"compare\":[{\"target\":\"VALUE\",\"key\":")
+                    .bytes(&[t.slot_key])
+                    .raw(",\"value\":")
+                    .bytes(&[t.slot_value])
+                    .raw("}],\"success\":[{\"request_put\":{\"key\":")
+                    .bytes(&[t.slot_key])
+                    .raw(",\"value\":")
+                    .bytes(&[aborted])
+                    .raw("}}]}}");
+            }
+            for (key, needs_value) in read_keys(batch) {
+                body.raw(",{\"request_range\":{\"key\":")
+                    .bytes(&[t.prefix, key]);
+                if !needs_value {
+                    body.raw(",\"keys_only\":true");
+                }
+                body.raw("}}");
+            }
+            body.raw("]");
+        }
+        body.raw("}");
         Txn {
-            guards,
-            read_keys,
+            batch,
+            prefix: t.prefix,
+            slot_key: t.slot_key,
             committed,
             expected: t.slot_value.to_vec(),
             aborted,
-            body: json!({"compare": compare, "success": success, "failure": failure}),
+            reads_on_failure,
+            body: body.into_bytes(),
         }
     }
 
     /// The request body.
-    pub(crate) fn body(&self) -> &Value {
+    pub(crate) fn body(&self) -> &[u8] {
         &self.body
     }
 
-    /// What etcd's answer means for the batch.
-    pub(crate) fn outcome(&self, answer: &TxnResponse) -> Result<Answer> {
-        if answer.succeeded {
-            return Ok(Answer::Decided {
-                outcome: Outcome::Committed,
-                slot: self.committed.clone(),
+    /// What etcd's answer (the response body) means for the batch.
+    pub(crate) fn outcome(&self, answer: &[u8]) -> Result<Answer> {
+        if !self.reads_on_failure {
+            let head: TxnHead = decode(answer)?;
+            return Ok(if head.succeeded {
+                self.committed()
+            } else {
+                Answer::ReadBack {
+                    revision: head.header.revision.0,
+                }
             });
+        }
+        let answer: TxnResponse = decode(answer)?;
+        if answer.succeeded {
+            return Ok(self.committed());
         }
         let ranges: Vec<&RangeResponse> = answer
             .responses
             .iter()
             .filter_map(|r| r.response_range.as_ref())
             .collect();
-        if ranges.len() != self.read_keys.len() + 1 {
-            return Err(inconsistent("the failure branch's reads are missing"));
+        self.settle(&ranges)
+    }
+
+    fn committed(&self) -> Answer {
+        Answer::Decided {
+            outcome: Outcome::Committed,
+            slot: self.committed.clone(),
+        }
+    }
+
+    /// A read-only transaction that reads the slot, then every guarded key, at `revision`:
+    /// what the compares of a refused attempt saw.
+    pub(crate) fn read_back_body(&self, revision: i64) -> Vec<u8> {
+        let mut body = Body::with_capacity(128 + 64 * self.batch.guards().len());
+        body.raw("{\"success\":[{\"request_range\":{\"key\":")
+            .bytes(&[self.slot_key])
+            .raw(",\"revision\":")
+            .int(revision)
+            .raw("}}");
+        for (key, needs_value) in read_keys(self.batch) {
+            body.raw(",{\"request_range\":{\"key\":")
+                .bytes(&[self.prefix, key])
+                .raw(",\"revision\":")
+                .int(revision);
+            if !needs_value {
+                body.raw(",\"keys_only\":true");
+            }
+            body.raw("}}");
+        }
+        body.raw("]}");
+        body.into_bytes()
+    }
+
+    /// What a refusal means, from the slot and the guarded keys as the compares saw them
+    /// (`ranges`: the slot, then the guarded keys in [`read_keys`] order).
+    pub(crate) fn settle(&self, ranges: &[&RangeResponse]) -> Result<Answer> {
+        let keys = read_keys(self.batch);
+        if ranges.len() != keys.len() + 1 {
+            return Err(inconsistent("the reads of a refused batch are missing"));
         }
         let Some(found) = ranges[0].kvs.first().map(|kv| kv.value.0.clone()) else {
             return Err(inconsistent("the marker slot is missing"));
@@ -197,24 +290,62 @@ impl Txn {
                 slot,
             });
         }
-        let mut values: BTreeMap<&[u8], Option<Vec<u8>>> = BTreeMap::new();
-        for (key, range) in self.read_keys.iter().zip(&ranges[1..]) {
-            values.insert(key, range.kvs.first().map(|kv| kv.value.0.clone()));
+        let mut values: BTreeMap<&[u8], Option<&[u8]>> = BTreeMap::new();
+        for ((key, _), range) in keys.iter().zip(&ranges[1..]) {
+            values.insert(key, range.kvs.first().map(|kv| kv.value.0.as_slice()));
         }
-        let guards: Vec<Precondition> = self.guards.iter().map(|(_, g)| g.clone()).collect();
-        let refused = check_guards(&guards, || 0, |k| Ok(values.get(k).cloned().flatten()))?;
+        let refused = check_guards(
+            self.batch.guards(),
+            || 0,
+            |k| Ok(values.get(k).copied().flatten().map(<[u8]>::to_vec)),
+        )?;
         match refused {
-            Some(Outcome::PreconditionFailed { index }) => Ok(Answer::Decided {
-                outcome: Outcome::PreconditionFailed {
-                    index: self.guards[index].0,
-                },
-                slot,
-            }),
+            Some(outcome @ Outcome::PreconditionFailed { .. }) => {
+                Ok(Answer::Decided { outcome, slot })
+            }
             // Every guard holds: the slot alone failed (it moved past the value this attempt
             // expected, when an earlier copy was aborted).
             _ => Ok(Answer::SlotMoved { slot }),
         }
     }
+}
+
+/// The distinct guarded keys in byte order, each with whether its value is needed (an
+/// `Equals` guard) or only whether it exists.
+fn read_keys(batch: &Batch) -> Vec<(&[u8], bool)> {
+    let mut reads: BTreeMap<&[u8], bool> = BTreeMap::new();
+    for guard in batch.guards() {
+        let (key, needs_value) = match guard {
+            Precondition::Equals(k, _) => (k, true),
+            Precondition::Absent(k) | Precondition::Present(k) => (k, false),
+            Precondition::NotAfter(_) => continue,
+        };
+        *reads.entry(key.as_slice()).or_default() |= needs_value;
+    }
+    reads.into_iter().collect()
+}
+
+fn guard_bytes(g: &Precondition) -> usize {
+    match g {
+        Precondition::Equals(k, v) => k.len() + v.len(),
+        Precondition::Absent(k) | Precondition::Present(k) => k.len(),
+        Precondition::NotAfter(_) => 0,
+    }
+}
+
+fn op_bytes(op: &Op) -> usize {
+    match op {
+        Op::Put(k, v) => k.len() + v.len(),
+        Op::Delete(k) => k.len(),
+        Op::DeleteRange(_) => 2 * crate::store::MAX_KEY_BYTES,
+    }
+}
+
+fn decode<'de, T: Deserialize<'de>>(answer: &'de [u8]) -> Result<T> {
+    serde_json::from_slice(answer).map_err(|e| Error::Unavailable {
+        reason: format!("etcd sent an answer to a transaction that does not decode: {e}"),
+        retry_after_ms: 100,
+    })
 }
 
 fn inconsistent(what: &str) -> Error {
@@ -224,165 +355,39 @@ fn inconsistent(what: &str) -> Error {
     }
 }
 
-/// The net effect of `ops`, in order, as etcd operations that never overlap: the last Put or
-/// Delete of a key wins unless a later range delete covers it; range deletes are merged and
-/// split around the keys put after them.
-fn normalise(prefix: &[u8], ops: &[Op]) -> Vec<Value> {
-    // Key -> its last point operation (Some: put this value; None: delete).
-    let mut points: BTreeMap<Vec<u8>, Option<&[u8]>> = BTreeMap::new();
-    let mut ranges: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    for op in ops {
-        match op {
-            Op::Put(k, v) => {
-                points.insert(Layout::data_key(prefix, k), Some(v));
-            }
-            Op::Delete(k) => {
-                points.insert(Layout::data_key(prefix, k), None);
-            }
-            Op::DeleteRange(r) => {
-                if let Some((start, end)) = encode_range(prefix, r) {
-                    points.retain(|k, _| !(*k >= start && *k < end));
-                    ranges.push((start, end));
-                }
-            }
-        }
-    }
-    // Merge the ranges into disjoint, ordered intervals.
-    ranges.sort();
-    let mut merged: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(ranges.len());
-    for (start, end) in ranges {
-        match merged.last_mut() {
-            Some(last) if start <= last.1 => {
-                if end > last.1 {
-                    last.1 = end;
-                }
-            }
-            _ => merged.push((start, end)),
-        }
-    }
-    let covered = |k: &[u8]| {
-        merged
-            .iter()
-            .any(|(s, e)| k >= s.as_slice() && k < e.as_slice())
-    };
-    let mut out = Vec::with_capacity(points.len() + 2 * merged.len());
-    // Split each interval around the keys put after it.
-    for (start, end) in &merged {
-        let mut from = start.clone();
-        for (key, value) in points.range::<[u8], _>((
-            std::ops::Bound::Included(start.as_slice()),
-            std::ops::Bound::Excluded(end.as_slice()),
-        )) {
-            if value.is_some() {
-                if from < *key {
-                    out.push(delete_range(&from, key));
-                }
-                from = successor(key);
-            }
-        }
-        if from < *end {
-            out.push(delete_range(&from, end));
-        }
-    }
-    for (key, value) in &points {
-        match value {
-            Some(v) => out.push(json!({"request_put": {"key": b64(key), "value": b64(v)}})),
-            // A delete inside a range delete is already done.
-            None if covered(key) => {}
-            None => out.push(json!({"request_delete_range": {"key": b64(key)}})),
-        }
-    }
-    out
-}
-
-fn delete_range(start: &[u8], end: &[u8]) -> Value {
-    json!({"request_delete_range": {"key": b64(start), "range_end": b64(end)}})
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::KeyRange;
+    use serde_json::Value;
 
-    /// Applies normalised etcd operations to a map, refusing what etcd refuses (a key put
-    /// twice, or put inside a range deleted in the same transaction).
-    fn apply_like_etcd(rows: &mut BTreeMap<Vec<u8>, Vec<u8>>, ops: &[Value]) {
-        let field = |op: &Value, kind: &str, name: &str| {
-            op[kind][name]
-                .as_str()
-                .map(|s| super::super::keys::unb64(s).unwrap())
-        };
-        let mut dels: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
-        let mut puts: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        for op in ops {
-            if let Some(k) = field(op, "request_put", "key") {
-                puts.push((k, field(op, "request_put", "value").unwrap_or_default()));
-            } else {
-                let k = field(op, "request_delete_range", "key").unwrap();
-                dels.push((k, field(op, "request_delete_range", "range_end")));
-            }
-        }
-        let in_del = |k: &[u8]| {
-            dels.iter().any(|(s, e)| match e {
-                Some(e) => k >= s.as_slice() && k < e.as_slice(),
-                None => k == s.as_slice(),
-            })
-        };
-        for (i, (k, _)) in puts.iter().enumerate() {
-            assert!(!in_del(k), "put of {k:?} inside a delete");
-            assert!(puts[..i].iter().all(|(p, _)| p != k), "{k:?} put twice");
-        }
-        rows.retain(|k, _| !in_del(k));
-        rows.extend(puts);
-    }
-
+    /// A first attempt carries no failure branch (a refusal is read back); a resend after a
+    /// lost answer reads and aborts in its failure branch; both compare the slot and set it.
     #[test]
-    fn normalised_ops_have_the_batch_effect_and_never_overlap() {
-        let prefix = b"Pd\x01x".to_vec();
-        let k = |s: &str| s.as_bytes().to_vec();
-        let cases: Vec<Vec<Op>> = vec![
-            vec![Op::Put(k("a"), k("1")), Op::Put(k("a"), k("2"))],
-            vec![Op::Put(k("a"), k("1")), Op::Delete(k("a"))],
-            vec![Op::Delete(k("a")), Op::Put(k("a"), k("3"))],
-            vec![
-                Op::DeleteRange(KeyRange::all()),
-                Op::Put(k("b"), k("1")),
-                Op::Put(k("d"), k("2")),
-            ],
-            vec![Op::Put(k("b"), k("1")), Op::DeleteRange(KeyRange::all())],
-            vec![
-                Op::DeleteRange(KeyRange::between(k("a"), k("c"))),
-                Op::DeleteRange(KeyRange::between(k("b"), k("e"))),
-                Op::Put(k("a"), k("x")),
-                Op::Delete(k("d")),
-                Op::Delete(k("z")),
-                Op::Put(k("e"), k("y")),
-                Op::DeleteRange(KeyRange::between(k("q"), k("p"))),
-            ],
-        ];
-        for ops in cases {
-            let mut expected: BTreeMap<Vec<u8>, Vec<u8>> = ["a", "b", "c", "d", "e", "z"]
-                .iter()
-                .map(|s| (Layout::data_key(&prefix, s.as_bytes()), k("old")))
-                .collect();
-            let mut got = expected.clone();
-            for op in &ops {
-                match op {
-                    Op::Put(key, v) => {
-                        expected.insert(Layout::data_key(&prefix, key), v.clone());
-                    }
-                    Op::Delete(key) => {
-                        expected.remove(&Layout::data_key(&prefix, key));
-                    }
-                    Op::DeleteRange(r) => {
-                        expected.retain(|key, _| !r.contains(&key[prefix.len()..]));
-                    }
-                }
-            }
-            let normal = normalise(&prefix, &ops);
-            assert!(normal.len() <= 2 * ops.len(), "{ops:?}");
-            apply_like_etcd(&mut got, &normal);
-            assert_eq!(got, expected, "{ops:?}");
-        }
+    fn only_a_resend_carries_a_failure_branch() {
+        let batch = Batch::new()
+            .equals(b"k".to_vec(), b"v".to_vec())
+            .put(b"k".to_vec(), b"w".to_vec());
+        let target = |abort_on_refusal, reads_on_failure| Target {
+            prefix: b"Pd\x01x",
+            registry: None,
+            slot_key: b"Pm-slot",
+            slot_value: b"i",
+            seq: 7,
+            abort_on_refusal,
+            reads_on_failure,
+        };
+        let body = |t: &Target<'_>| -> Value {
+            serde_json::from_slice(Txn::build(t, &batch).body()).unwrap()
+        };
+        let first = body(&target(false, false));
+        assert!(first.get("failure").is_none(), "{first}");
+        assert_eq!(first["compare"].as_array().unwrap().len(), 2);
+        assert_eq!(first["success"].as_array().unwrap().len(), 2);
+        let resend = body(&target(true, false));
+        let failure = resend["failure"].as_array().unwrap();
+        assert_eq!(failure.len(), 3, "{resend}");
+        assert!(failure[1].get("request_txn").is_some(), "{resend}");
+        let compacted = body(&target(false, true));
+        assert_eq!(compacted["failure"].as_array().unwrap().len(), 2);
     }
 }

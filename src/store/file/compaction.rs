@@ -146,10 +146,14 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
         };
         // Rewriting loads each partition: keep the loaded indexes within their budget.
         inner.unload_idle();
-        let Some(state) = inner.part(&p, false) else {
-            continue;
+        // A partition a damaged heads snapshot page refuses keeps its segments, like any other
+        // that cannot be loaded.
+        let rewritten = match inner.part(&p, false) {
+            Ok(None) => continue,
+            Ok(Some(state)) => rewrite_partition(inner, &state, &victim_set),
+            Err(e) => Err(e),
         };
-        match rewrite_partition(inner, &state, &victim_set) {
+        match rewritten {
             Ok((copied, from_outside)) => {
                 report.partitions_rewritten += 1;
                 report.bytes_copied += copied;

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::format::{Loc, RecordKind, loc_offset, loc_segment, partition_hash};
 use super::partition::Load;
 use super::vfs::Vfs;
-use super::{FileStore, Inner, SNAPSHOT_MAGIC, container};
+use super::{FileStore, Inner, heads};
 use crate::error::{Error, Result};
 use crate::store::Partition;
 
@@ -268,13 +268,8 @@ pub fn from_newest_snapshot(vfs: &dyn Vfs, dir: &Path) -> Damage {
             .max()
     });
     newest
-        .and_then(|name| {
-            container::read(vfs, dir, &name, SNAPSHOT_MAGIC)
-                .ok()
-                .flatten()
-        })
-        .and_then(|env| super::decode_snapshot(&env).ok())
-        .map(|s| s.damage)
+        .and_then(|name| heads::open(vfs, dir, &name).ok().flatten())
+        .map(|s| s.position.damage)
         .unwrap_or_default()
 }
 
@@ -333,7 +328,12 @@ impl FileStore {
     /// # }
     /// ```
     pub fn damage(&self) -> StoreDamage {
-        describe(&self.inner.damage.lock())
+        let mut damage = describe(&self.inner.damage.lock());
+        // Damaged pages of the heads snapshot refuse the names they could hold until reopen.
+        if let Some(base) = self.inner.table.read().base.clone() {
+            damage.unattributed.extend(base.describe_damage());
+        }
+        damage
     }
 
     /// Operator call: accepts the damage of partition `p` and lifts its refusal, durably. The

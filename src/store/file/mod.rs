@@ -2,8 +2,9 @@
 //! partition, group commit, lazy per-partition indexes, recovery and compaction.
 //!
 //! Owns: the on-disk format ([`format`]), the journal and its group commit ([`journal`]),
-//! per-partition indexes ([`partition`]), open-time recovery ([`recovery`]), heads snapshots and
-//! the manifest ([`container`]), compaction ([`compaction`]) and the file layer ([`vfs`]).
+//! per-partition indexes ([`partition`]), the partition table ([`table`]), open-time recovery
+//! ([`recovery`]), heads snapshots ([`heads`]), the manifest ([`container`]), compaction
+//! ([`compaction`]) and the file layer ([`vfs`]).
 //! See `docs/DESIGN.md` for the format and the reasoning behind it.
 //!
 //! Lock order, outermost first: partition table -> a partition's `commit` -> journal reader pin
@@ -19,11 +20,13 @@ mod durability;
 #[cfg(any(test, feature = "fault-injection"))]
 mod fault;
 mod format;
+mod heads;
 mod journal;
 mod overlay;
 mod partition;
 mod recovery;
 mod segments;
+mod table;
 mod unload;
 mod values;
 mod verify;
@@ -54,7 +57,7 @@ pub use vfs::{OpenMode, OsFs, PathKind, Vfs, VfsFile, VfsLock};
 #[cfg(not(feature = "fault-injection"))]
 pub(crate) use vfs::{OsFs, PathKind, Vfs, VfsLock};
 
-use self::format::{Loc, MAX_BODY_LEN, RecordKind, ValueLoc};
+use self::format::{MAX_BODY_LEN, RecordKind, ValueLoc};
 use self::journal::Journal;
 use self::partition::{CommitState, IndexOp, Load, Lookup, PartState, Pending, PendingOp};
 use self::recovery::Damage;
@@ -85,49 +88,12 @@ struct ManifestV1 {
     snapshot: Option<String>,
 }
 
-/// Partition heads at a journal position: open loads this and scans only what follows.
-#[derive(Serialize, Deserialize)]
-struct HeadsSnapshot {
-    segment: u32,
-    offset: u64,
-    next_lsn: u64,
-    heads: Vec<(Vec<u8>, u64)>,
-    damage: Damage,
-    /// The garbage estimate at that position, so compaction still starts by itself in a
-    /// process that restarts often (a restart used to reset it to zero).
-    garbage_bytes: u64,
-}
-
-/// A heads snapshot as format version 1 wrote it.
-#[derive(Deserialize)]
-struct HeadsSnapshotV1 {
-    segment: u32,
-    offset: u64,
-    next_lsn: u64,
-    heads: Vec<(Vec<u8>, u64)>,
-}
-
 fn decode_manifest(env: &container::Envelope) -> Result<Manifest> {
     if env.version == 1 {
         let m: ManifestV1 = env.decode()?;
         return Ok(Manifest {
             snapshot: m.snapshot,
             damage: Damage::default(),
-        });
-    }
-    env.decode()
-}
-
-fn decode_snapshot(env: &container::Envelope) -> Result<HeadsSnapshot> {
-    if env.version == 1 {
-        let s: HeadsSnapshotV1 = env.decode()?;
-        return Ok(HeadsSnapshot {
-            segment: s.segment,
-            offset: s.offset,
-            next_lsn: s.next_lsn,
-            heads: s.heads,
-            damage: Damage::default(),
-            garbage_bytes: 0,
         });
     }
     env.decode()
@@ -482,28 +448,6 @@ impl FileStoreBuilder {
     }
 }
 
-/// Every partition the store knows. An untouched partition costs only its name and the
-/// location of its newest record (SPEC S8); the first touch moves it to `touched`, where its
-/// state lives.
-#[derive(Default)]
-struct Table {
-    untouched: HashMap<Box<[u8]>, Loc>,
-    touched: HashMap<Box<[u8]>, Arc<PartState>>,
-}
-
-impl Table {
-    /// Every partition with its current head (0 for one created whose first batch has not
-    /// committed).
-    fn heads(&self) -> impl Iterator<Item = (&[u8], Loc)> {
-        let untouched = self.untouched.iter().map(|(n, &h)| (&**n, h));
-        let touched = self
-            .touched
-            .iter()
-            .map(|(n, s)| (&**n, partition::head_of(s)));
-        untouched.chain(touched)
-    }
-}
-
 struct SnapshotState {
     /// The file the manifest names.
     newest: Option<String>,
@@ -514,12 +458,16 @@ struct SnapshotState {
     current_at: Option<u64>,
     /// The damage the snapshot on disk records.
     damage_on_disk: Damage,
+    /// Set once a page of the snapshot open read was found damaged: no snapshot can be
+    /// written (it would have to copy that page), so the manifest names none and the next
+    /// open rebuilds the heads from the journal.
+    abandoned: bool,
 }
 
 struct Inner {
     config: FileStoreBuilder,
     journal: Arc<Journal>,
-    table: RwLock<Table>,
+    table: RwLock<table::Table>,
     /// What the store refuses (SPEC S4); persisted with every snapshot. A leaf lock: nothing
     /// else is taken while it is held.
     damage: Mutex<Damage>,
@@ -711,6 +659,9 @@ impl FileStore {
         let mut snapshot_name = None;
         let mut start = None;
         let mut heads = HashMap::new();
+        let mut base = None;
+        // A snapshot of an older format is read whole and rewritten in the current one.
+        let mut convert = false;
         // Garbage made after the snapshot (at most `snapshot_every_bytes` of journal, unless the
         // process crashed) and before a full-scan rebuild is not counted.
         let mut garbage = 0;
@@ -718,20 +669,24 @@ impl FileStore {
             damage.merge(m.damage.clone());
         }
         match manifest.as_ref().and_then(|m| m.snapshot.clone()) {
-            Some(name) => match container::read(&*vfs, &dir, &name, SNAPSHOT_MAGIC).and_then(|s| {
-                s.map(|env| Ok((decode_snapshot(&env)?, env.len)))
-                    .transpose()
-            }) {
-                Ok(Some((snap, bytes))) => {
-                    report.snapshot_bytes = bytes;
-                    start = Some((snap.segment, snap.offset, snap.next_lsn));
-                    garbage = snap.garbage_bytes;
-                    heads = snap
-                        .heads
-                        .into_iter()
-                        .map(|(k, v)| (k.into_boxed_slice(), v))
-                        .collect();
-                    damage.merge(snap.damage);
+            Some(name) => match heads::open(&*vfs, &dir, &name) {
+                Ok(Some(snap)) => {
+                    report.snapshot_bytes = snap.bytes;
+                    let position = snap.position;
+                    start = Some((position.segment, position.offset, position.next_lsn));
+                    garbage = position.garbage_bytes;
+                    match snap.heads {
+                        heads::Heads::Paged(pages) => base = Some(Arc::new(pages)),
+                        heads::Heads::Listed(listed) => {
+                            log::info!("converting heads snapshot {name} to the paged format");
+                            convert = true;
+                            heads = listed
+                                .into_iter()
+                                .map(|(k, v)| (k.into_boxed_slice(), v))
+                                .collect();
+                        }
+                    }
+                    damage.merge(position.damage);
                     snapshot_name = Some(name);
                 }
                 Ok(None) => rebuild(&mut report, format!("heads snapshot {name} is missing")),
@@ -751,7 +706,10 @@ impl FileStore {
             segments,
             start.map(|(s, o, _)| (s, o)),
             start.map(|(_, _, l)| l),
-            heads,
+            recovery::Known {
+                heads,
+                pages: base.as_deref(),
+            },
             &damage,
         )?;
         #[cfg(feature = "fault-injection")]
@@ -770,7 +728,9 @@ impl FileStore {
         report.records_scanned = outcome.records_scanned;
         report.torn_tail = outcome.torn_tail.clone();
         report.damaged = outcome.records.clone();
-        report.partitions = outcome.heads.len() as u64;
+        let overlay = table::overlay_of(base.as_deref(), outcome.heads, convert);
+        report.partitions = base.as_ref().map_or(0, |b| b.partitions())
+            + overlay.values().filter(|k| !k.in_base).count() as u64;
         let found_damage = !outcome.damage.is_empty();
         let persisted = damage.clone();
         damage.merge(outcome.damage);
@@ -787,8 +747,9 @@ impl FileStore {
         #[cfg(feature = "fault-injection")]
         let journal = journal.with_pin_switch(config.reader_pin.clone());
         let journal = Arc::new(journal);
-        let table = Table {
-            untouched: outcome.heads,
+        let table = table::Table {
+            base,
+            overlay,
             touched: HashMap::new(),
         };
         let syncer = match config.sync_policy {
@@ -798,7 +759,8 @@ impl FileStore {
             _ => None,
         };
         // New damage is persisted at once: the next open may not scan where it was found.
-        let needs_snapshot = report.rebuilt_by_full_scan || manifest.is_none() || found_damage;
+        let needs_snapshot =
+            report.rebuilt_by_full_scan || manifest.is_none() || found_damage || convert;
         // The snapshot on disk describes the journal exactly when open found nothing after it.
         let snapshot_current = snapshot_name.is_some()
             && report.journal_bytes_scanned == 0
@@ -816,8 +778,9 @@ impl FileStore {
             snapshot: Mutex::new(SnapshotState {
                 newest: snapshot_name,
                 finished: false,
-                current_at: snapshot_current.then_some(0),
+                current_at: (snapshot_current && !convert).then_some(0),
                 damage_on_disk: persisted,
+                abandoned: false,
             }),
             snapshot_running: AtomicBool::new(false),
             bytes_at_last_snapshot: AtomicU64::new(0),
@@ -1006,34 +969,6 @@ impl Inner {
         Ok(())
     }
 
-    /// The state of partition `p`; `None` if it has never been written and `create` is false.
-    fn part(&self, p: &Partition, create: bool) -> Option<Arc<PartState>> {
-        let name = p.as_bytes();
-        {
-            let table = self.table.read();
-            if let Some(state) = table.touched.get(name) {
-                self.touched(state);
-                return Some(state.clone());
-            }
-            if !create && !table.untouched.contains_key(name) {
-                return None;
-            }
-        }
-        let mut table = self.table.write();
-        if let Some(state) = table.touched.get(name) {
-            return Some(state.clone());
-        }
-        let (name, head) = match table.untouched.remove_entry(name) {
-            Some(entry) => entry,
-            None if create => (Box::from(name), 0),
-            None => return None,
-        };
-        let state = Arc::new(PartState::new(p.clone(), head));
-        self.touched(&state);
-        table.touched.insert(name, state.clone());
-        Some(state)
-    }
-
     fn ensure_loaded(&self, state: &PartState) -> Result<()> {
         if state.view.read().loaded {
             return Ok(());
@@ -1108,7 +1043,7 @@ impl Inner {
     /// A partition ready for reading: loaded, with the batches already decided for it durable
     /// and visible (see [`Inner::catch_up`]). `None` if it has never been written.
     fn readable(&self, p: &Partition) -> Result<Option<Arc<PartState>>> {
-        let Some(state) = self.part(p, false) else {
+        let Some(state) = self.part(p, false)? else {
             self.check_absent(p)?;
             return Ok(None);
         };
@@ -1243,36 +1178,41 @@ impl Inner {
     }
 
     fn write_snapshot_locked(&self, state: &mut SnapshotState) -> Result<()> {
+        let base = self.table.read().base.clone();
+        if base.as_ref().is_some_and(|b| b.any_damaged()) {
+            return self.abandon_snapshot(state);
+        }
         let bytes_before = self.journal.counters.bytes_appended.load(Ordering::Relaxed);
         let damage = self.damage.lock().clone();
         if state.current_at == Some(bytes_before) && damage == state.damage_on_disk {
             // Nothing was appended since the snapshot on disk: it is still exact.
             return Ok(());
         }
-        let (segment, offset, next_lsn, (heads, garbage_bytes)) =
+        // The heads that differ from the pages open read, at one journal position; the pages
+        // never change, so they are merged in after the pause.
+        let (segment, offset, next_lsn, (changed, garbage_bytes)) =
             self.journal.with_appends_paused(|| {
-                let table = self.table.read();
-                let heads = table
-                    .heads()
-                    .filter(|&(_, head)| head != 0)
-                    .map(|(name, head)| (name.to_vec(), head))
-                    .collect::<Vec<_>>();
-                (heads, self.garbage_bytes.load(Ordering::Relaxed))
+                let changed = self.table.read().changed();
+                (changed, self.garbage_bytes.load(Ordering::Relaxed))
             });
         // Every head must point at a durable record before the snapshot names it.
         self.journal.sync_all()?;
-        let snapshot = HeadsSnapshot {
+        let position = heads::Position {
             segment,
             offset,
             next_lsn,
-            heads,
             damage: damage.clone(),
             garbage_bytes,
         };
         let name = format!("heads-{next_lsn:020}.snap");
         let vfs = &*self.config.vfs;
         let dir = &self.config.dir;
-        container::write_atomic(vfs, dir, &name, SNAPSHOT_MAGIC, &snapshot)?;
+        let partitions = match heads::write(vfs, dir, &name, &position, base.as_deref(), &changed) {
+            Err(Error::Corrupt { .. }) if base.as_ref().is_some_and(|b| b.any_damaged()) => {
+                return self.abandon_snapshot(state);
+            }
+            other => other?,
+        };
         container::write_atomic(
             vfs,
             dir,
@@ -1283,6 +1223,8 @@ impl Inner {
                 damage: damage.clone(),
             },
         )?;
+        // Lookups still read the pages of the file open read, through the handle open keeps,
+        // which a removed file's name does not affect.
         if let Some(old) = state.newest.replace(name.clone())
             && old != name
         {
@@ -1295,10 +1237,43 @@ impl Inner {
             .store(bytes_before, Ordering::Relaxed);
         state.current_at = Some(bytes_before);
         state.damage_on_disk = damage;
-        log::debug!(
-            "wrote heads snapshot {name} ({} partitions)",
-            snapshot.heads.len()
-        );
+        log::debug!("wrote heads snapshot {name} ({partitions} partitions)");
+        Ok(())
+    }
+
+    /// A page of the snapshot open read is damaged: the journal is synced and the manifest
+    /// names no snapshot (keeping the damaged file as evidence), so the next open rebuilds
+    /// every head from the journal (SPEC S4) instead of losing the page's partitions.
+    fn abandon_snapshot(&self, state: &mut SnapshotState) -> Result<()> {
+        let appended = self.journal.counters.bytes_appended.load(Ordering::Relaxed);
+        self.journal.sync_all()?;
+        // Commits do not ask again until another interval of journal is written.
+        self.bytes_at_last_snapshot
+            .store(appended, Ordering::Relaxed);
+        let damage = self.damage.lock().clone();
+        if state.abandoned && damage == state.damage_on_disk {
+            return Ok(());
+        }
+        let vfs = &*self.config.vfs;
+        container::write_atomic(
+            vfs,
+            &self.config.dir,
+            MANIFEST,
+            MANIFEST_MAGIC,
+            &Manifest {
+                snapshot: None,
+                damage: damage.clone(),
+            },
+        )?;
+        if !state.abandoned {
+            log::warn!(
+                "a page of the heads snapshot is damaged; the manifest names no snapshot now, so the next open rebuilds the heads from the journal"
+            );
+        }
+        state.abandoned = true;
+        state.newest = None;
+        state.current_at = None;
+        state.damage_on_disk = damage;
         Ok(())
     }
 
@@ -1375,7 +1350,7 @@ impl Store for FileStore {
         let inner = &self.inner;
         inner.check_open()?;
         check_key(key)?;
-        let Some(state) = inner.part(p, false) else {
+        let Some(state) = inner.part(p, false)? else {
             inner.check_absent(p)?;
             return Ok(None);
         };
@@ -1467,10 +1442,10 @@ impl Store for FileStore {
         if let Some(reason) = inner.journal.failed() {
             return Err(Error::SyncFailed(reason));
         }
-        if inner.refuses_unknown.load(Ordering::Acquire) && inner.part(p, false).is_none() {
+        if inner.refuses_unknown.load(Ordering::Acquire) && inner.part(p, false)?.is_none() {
             inner.check_absent(p)?;
         }
-        let state = inner.part(p, true).expect("created on demand");
+        let state = inner.part(p, true)?.expect("created on demand");
         let mut intent = inner.journal.announce();
         let lsn = {
             let mut commit = state.commit.lock();
@@ -1546,29 +1521,14 @@ impl Store for FileStore {
 
     fn list_partitions(&self, prefix: &[u8]) -> Result<Vec<Partition>> {
         self.inner.check_open()?;
-        let table = self.inner.table.read();
-        let mut names = Vec::new();
         // A partition exists once a batch of it has been written; a refused first batch
         // leaves no trace.
-        for (name, head) in table.heads() {
-            if head != 0 && name.starts_with(prefix) {
-                names.push(Partition::new(name)?);
-            }
-        }
-        drop(table);
-        names.sort();
-        Ok(names)
+        self.inner.list_partitions(prefix)
     }
 
     fn contains_partition(&self, p: &Partition) -> Result<bool> {
         self.inner.check_open()?;
-        let table = self.inner.table.read();
-        let name = p.as_bytes();
-        Ok(table.untouched.contains_key(name)
-            || table
-                .touched
-                .get(name)
-                .is_some_and(|s| partition::head_of(s) != 0))
+        self.inner.contains(p)
     }
 
     fn now_ms(&self) -> u64 {
@@ -1595,7 +1555,7 @@ impl Store for FileStore {
                 .counters
                 .bytes_appended
                 .load(Ordering::Relaxed),
-            partitions: inner.table.read().heads().filter(|&(_, h)| h != 0).count() as u64,
+            partitions: inner.table.read().partitions(),
             partitions_loaded: inner.loaded.load(Ordering::Relaxed),
             segments: inner.journal.live_segments().len() as u64,
             compactions: inner.compactions.load(Ordering::Relaxed),

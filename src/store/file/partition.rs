@@ -35,6 +35,11 @@ pub struct PartState {
     /// records: reads look there only while this holds, and clear it on a miss, so reads of a
     /// partition loaded long ago never touch the shared cache.
     pub warm: AtomicBool,
+    /// Whether the heads snapshot open read holds this partition (counting partitions).
+    pub in_base: bool,
+    /// Whether `head` was taken from that snapshot's pages: while `head_lsn` is 0 it is still
+    /// the snapshot's, and dropping the index need not remember it.
+    pub from_base: bool,
     pub commit: Mutex<CommitState>,
     pub view: RwLock<View>,
 }
@@ -83,7 +88,7 @@ pub enum Lookup {
 }
 
 impl PartState {
-    pub fn new(name: Partition, head: Loc) -> Self {
+    pub fn new(name: Partition, head: Loc, in_base: bool, from_base: bool) -> Self {
         let hash = format::partition_hash(name.as_bytes());
         PartState {
             name,
@@ -94,6 +99,8 @@ impl PartState {
             folded_lsn: AtomicU64::new(0),
             last_touch: AtomicU64::new(0),
             warm: AtomicBool::new(false),
+            in_base,
+            from_base,
             commit: Mutex::new(CommitState {
                 load: Load::NotLoaded,
                 pending: VecDeque::new(),

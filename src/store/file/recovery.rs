@@ -33,6 +33,7 @@ use super::format::{
     self, BODY_HEAD_MAX, FRAME_LEN, Loc, SEGMENT_HEADER_LEN, decode_body_head, decode_frame, loc,
     loc_offset, loc_segment, partition_hash,
 };
+use super::heads::Pages;
 use super::journal::{JournalTail, Segment, create_segment, new_salt, parse_segment_file_name};
 use super::vfs::{OpenMode, Vfs, VfsFile};
 use super::window::Window;
@@ -79,6 +80,15 @@ impl Segments {
     pub fn is_empty(&self) -> bool {
         self.live.is_empty() && self.damaged.is_empty()
     }
+}
+
+/// The partitions the store knows before the scan: damage the scan cannot attribute may
+/// refuse any of them.
+pub struct Known<'a> {
+    /// Heads the scan updates (every head, for a whole-file snapshot).
+    pub heads: HashMap<Box<[u8]>, Loc>,
+    /// The pages of a paged heads snapshot, whose heads the scan does not load.
+    pub pages: Option<&'a Pages>,
 }
 
 pub struct ScanOutcome {
@@ -280,16 +290,17 @@ fn attribute(w: &mut Window, at: u64, seed: u32) -> io::Result<Option<Candidate>
 }
 
 /// Scans the journal from `start` (segment, offset) and LSN `start_lsn` (None: accept the
-/// first valid record's LSN), updating `heads`.
+/// first valid record's LSN), updating the heads of `partitions`.
 pub fn scan(
     vfs: &dyn Vfs,
     journal_dir: &Path,
     segments: Segments,
     start: Option<(u32, u64)>,
     start_lsn: Option<u64>,
-    mut heads: HashMap<Box<[u8]>, Loc>,
+    partitions: Known<'_>,
     known: &Damage,
 ) -> Result<ScanOutcome> {
+    let Known { mut heads, pages } = partitions;
     let Segments {
         live: mut segments,
         damaged,
@@ -522,7 +533,7 @@ pub fn scan(
     ranges.close(None, |end| ends_at(end, None));
     // Every partition not judged against every unattributed range may have lost records there.
     if let Some(&from) = ranges.starts.first() {
-        for name in heads.keys() {
+        let mut judge = |name: &[u8]| {
             let judged = ranges.judged.get(name).copied().unwrap_or(0);
             if judged < ranges.starts.len() {
                 let from = ranges.starts.get(judged).copied().unwrap_or(from);
@@ -535,6 +546,16 @@ pub fn scan(
                     ),
                 );
             }
+        };
+        for name in heads.keys() {
+            judge(name);
+        }
+        if let Some(pages) = pages {
+            pages.for_each_readable(|name| {
+                if !heads.contains_key(name) {
+                    judge(name);
+                }
+            });
         }
     }
 

@@ -3,9 +3,10 @@
 //! Owns: the budget ([`FileStoreBuilder::max_loaded_partitions`](super::FileStoreBuilder)),
 //! each touch's place in least-recently-touched order, and the unload itself.
 //!
-//! Unloading moves a partition from the table's `touched` map back to `untouched`, keeping only
-//! its name and the location of its newest record, exactly what open knows of a partition
-//! nobody has touched; its next touch loads its index again from its chain. A partition is
+//! Unloading moves a partition from the table's `touched` map back to what open knows of a
+//! partition nobody has touched: if its head is still the one the heads snapshot's pages hold,
+//! nothing at all; otherwise its name and head in the table's overlay. Its next touch loads its
+//! index again from its chain. A partition is
 //! unloaded only if it is idle, which is decided under the table's write lock:
 //! - nobody else holds its state (`Arc::strong_count` is 1). Every user (a reader holding a
 //!   value location, a writer between append and fold, compaction rewriting it) holds the
@@ -26,6 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::partition::{self, Load, PartState};
+use super::table::Known;
 use super::{FileStore, Inner};
 
 /// The budget and the counters of unloading.
@@ -100,7 +102,13 @@ impl Inner {
                 let Some((name, state)) = table.touched.remove_entry(&name) else {
                     continue;
                 };
-                table.untouched.insert(name, partition::head_of(&state));
+                // A head still the one the snapshot's pages hold needs no entry; any other
+                // is kept in the overlay, which wins over the pages.
+                if !(state.from_base && state.head_lsn.load(Ordering::Acquire) == 0) {
+                    let head = partition::head_of(&state);
+                    let in_base = state.in_base;
+                    table.overlay.insert(name, Known { head, in_base });
+                }
                 left -= 1;
                 self.loaded.fetch_sub(1, Ordering::Relaxed);
                 budget.unloaded.fetch_add(1, Ordering::Relaxed);

@@ -19,8 +19,8 @@ use super::overlay::OverlayFs;
 use super::recovery::{self, DamagedRecord, TornTail};
 use super::vfs::{OpenMode, Vfs};
 use super::{
-    FileStore, JOURNAL_DIR, MANIFEST, MANIFEST_MAGIC, SNAPSHOT_MAGIC, SyncPolicy, container,
-    format, journal, segments,
+    FileStore, JOURNAL_DIR, MANIFEST, MANIFEST_MAGIC, SyncPolicy, container, format, heads,
+    journal, segments,
 };
 use crate::error::{Error, Result};
 
@@ -146,8 +146,8 @@ fn check_files(dir: &Path, fs: OverlayFs) -> Result<FileCheck> {
     let known = read.as_ref().map(|m| m.damage.clone()).unwrap_or_default();
     let snapshot = match read.and_then(|m| m.snapshot) {
         Some(name) => {
-            let read = container::read(&fs, dir, &name, SNAPSHOT_MAGIC)
-                .and_then(|env| env.map(|env| super::decode_snapshot(&env)).transpose());
+            // Every page is read and checked.
+            let read = heads::verify(&fs, dir, &name);
             Some((name, state_of(read)?.0))
         }
         None => None,
@@ -203,7 +203,10 @@ fn check_files(dir: &Path, fs: OverlayFs) -> Result<FileCheck> {
                 segments,
                 None,
                 None,
-                HashMap::new(),
+                recovery::Known {
+                    heads: HashMap::new(),
+                    pages: None,
+                },
                 &known,
             )
         });

@@ -1,0 +1,639 @@
+//! The heads snapshot: every partition's newest record at a journal position, in fixed-size
+//! pages sorted by name, so open reads a small index and a partition's head is found on its
+//! first touch with one page read (SPEC S5, S8).
+//!
+//! Owns the snapshot file's format (paged, magic [`PAGED_MAGIC`]), writing it (streamed, atomically: temp file,
+//! sync, rename, sync directory), reading what open needs, page lookups and iteration, and
+//! reading the whole-file snapshots of format versions 1 and 2 (magic `PCLSHEAD`), which
+//! open converts.
+//!
+//! Layout:
+//!
+//! | part   | bytes                | contents                                                   |
+//! |--------|----------------------|------------------------------------------------------------|
+//! | header | [`HEADER_LEN`]       | preamble (magic, version, its crc) \| page length \| pages \| meta length \| meta crc32c \| crc32c of these 16 bytes |
+//! | pages  | pages x page length  | from offset [`PAGES_AT`]; each: crc32c (seeded with the page number) \| entry count (u16) \| entries (name length u8, name, head u64), zero padding |
+//! | meta   | meta length          | postcard: journal position, damage, garbage estimate, partition count, first name of each page |
+//!
+//! Open reads the header and the meta (about 20 bytes per page: the first name of each, a
+//! few dozen kilobytes for a million partitions); it never reads a page. A page is verified
+//! when read; a damaged one refuses exactly the names it could hold (from its first name up to
+//! the next page's) and is remembered, so the store stops writing snapshots that would have to
+//! copy it and the next open rebuilds the heads from the journal.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+#[cfg(feature = "test-hooks")]
+use std::sync::atomic::AtomicBool;
+#[cfg(feature = "test-hooks")]
+use std::sync::atomic::Ordering;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::damage::{Damage, shown};
+use super::format::{self, Loc, PREAMBLE_LEN};
+use super::vfs::{OpenMode, Vfs, VfsFile};
+use super::{SNAPSHOT_MAGIC, container};
+use crate::error::{Error, Result};
+
+/// The magic of a paged snapshot. The whole-file snapshots of format versions 1 and 2 carry
+/// [`SNAPSHOT_MAGIC`]; a paged one is a file of another kind, versioned from the current
+/// format version on like every file (SPEC S10).
+pub const PAGED_MAGIC: &[u8; 8] = b"PCLSHPAG";
+/// Bytes per page.
+pub const PAGE_LEN: usize = 16 << 10;
+const HEADER_LEN: usize = PREAMBLE_LEN + 20;
+/// Where the first page starts (the header padded to a block).
+const PAGES_AT: u64 = 4096;
+/// Page checksum and entry count.
+const PAGE_HEAD: usize = 6;
+
+/// The journal position and what else a snapshot records besides the heads.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Position {
+    pub segment: u32,
+    pub offset: u64,
+    pub next_lsn: u64,
+    pub damage: Damage,
+    /// The garbage estimate at that position, so compaction still starts by itself in a
+    /// process that restarts often.
+    pub garbage_bytes: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    position: Position,
+    partitions: u64,
+    /// The first name of each page, concatenated; `first_ends[i]` is where page i's ends.
+    first_names: Vec<u8>,
+    first_ends: Vec<u32>,
+}
+
+/// A heads snapshot as versions 1 and 2 wrote it: one postcard body, read whole.
+#[derive(Serialize, Deserialize)]
+struct WholeV2 {
+    segment: u32,
+    offset: u64,
+    next_lsn: u64,
+    heads: Vec<(Vec<u8>, u64)>,
+    damage: Damage,
+    garbage_bytes: u64,
+}
+
+#[derive(Deserialize)]
+struct WholeV1 {
+    segment: u32,
+    offset: u64,
+    next_lsn: u64,
+    heads: Vec<(Vec<u8>, u64)>,
+}
+
+/// What open reads of a snapshot.
+pub struct Opened {
+    pub position: Position,
+    /// Bytes read.
+    pub bytes: u64,
+    pub heads: Heads,
+}
+
+pub enum Heads {
+    /// Version 3: looked up page by page.
+    Paged(Pages),
+    /// Versions 1 and 2: every head, read whole (open converts the file).
+    Listed(Vec<(Vec<u8>, Loc)>),
+}
+
+/// The pages of a version 3 snapshot, read on demand. Immutable but for the damage found.
+pub struct Pages {
+    file: Arc<dyn VfsFile>,
+    shown: String,
+    page_len: usize,
+    partitions: u64,
+    first_names: Vec<u8>,
+    first_ends: Vec<u32>,
+    /// Pages found damaged, with what was found.
+    damaged: Mutex<BTreeMap<u32, String>>,
+    /// Test-only negative control: pages are used without checking their checksum.
+    #[cfg(feature = "test-hooks")]
+    pub unchecked: AtomicBool,
+}
+
+impl std::fmt::Debug for Pages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pages").field("file", &self.shown).finish()
+    }
+}
+
+/// Reads what open needs of snapshot `dir/name`: `Ok(None)` if it does not exist, a newer
+/// version is `UnsupportedVersion`, anything wrong in what is read is `Corrupt`.
+pub fn open(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
+    let path = dir.join(name);
+    let shown_path = path.display().to_string();
+    let file = match vfs.open(&path, OpenMode::Read) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(format!("opening {shown_path}"), e)),
+    };
+    let io = |e| Error::io(format!("reading {shown_path}"), e);
+    let corrupt = |detail: &str| Error::corrupt(shown_path.clone(), detail.to_owned());
+    let len = file.len().map_err(io)?;
+    let mut header = [0u8; HEADER_LEN];
+    let head_len = (len as usize).min(HEADER_LEN);
+    file.read_exact_at(&mut header[..head_len], 0).map_err(io)?;
+    if header[..head_len.min(8)] != PAGED_MAGIC[..] {
+        // A whole-file snapshot of an older format (its own reader checks the magic).
+        drop(file);
+        return read_whole(vfs, dir, name);
+    }
+    let version = format::read_preamble(&header[..head_len], PAGED_MAGIC, &shown_path)?;
+    if version < 2 {
+        return Err(corrupt("a paged snapshot has no format version 1"));
+    }
+    if head_len < HEADER_LEN {
+        return Err(corrupt("file too short"));
+    }
+    let field = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap());
+    let fields = PREAMBLE_LEN;
+    if crc32c::crc32c(&header[fields..fields + 16]) != field(fields + 16) {
+        return Err(corrupt("header checksum mismatch"));
+    }
+    let (page_len, pages, meta_len, meta_crc) = (
+        field(fields) as usize,
+        field(fields + 4) as u64,
+        field(fields + 8) as u64,
+        field(fields + 12),
+    );
+    let meta_at = PAGES_AT + pages * page_len as u64;
+    if page_len < 512 || meta_at + meta_len != len {
+        return Err(corrupt("length does not match the file size"));
+    }
+    let mut body = vec![0u8; meta_len as usize];
+    file.read_exact_at(&mut body, meta_at).map_err(io)?;
+    if crc32c::crc32c(&body) != meta_crc {
+        return Err(corrupt("checksum mismatch in the page index"));
+    }
+    let meta: Meta =
+        postcard::from_bytes(&body).map_err(|e| corrupt(&format!("undecodable: {e}")))?;
+    if meta.first_ends.len() as u64 != pages
+        || meta.first_ends.windows(2).any(|w| w[0] > w[1])
+        || meta.first_ends.last().map_or(0, |&e| e as usize) != meta.first_names.len()
+    {
+        return Err(corrupt("the page index does not match the pages"));
+    }
+    Ok(Some(Opened {
+        position: meta.position,
+        bytes: (HEADER_LEN as u64) + meta_len,
+        heads: Heads::Paged(Pages {
+            file,
+            shown: shown_path,
+            page_len,
+            partitions: meta.partitions,
+            first_names: meta.first_names,
+            first_ends: meta.first_ends,
+            damaged: Mutex::new(BTreeMap::new()),
+            #[cfg(feature = "test-hooks")]
+            unchecked: AtomicBool::new(false),
+        }),
+    }))
+}
+
+fn read_whole(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
+    let Some(env) = container::read(vfs, dir, name, SNAPSHOT_MAGIC)? else {
+        return Ok(None);
+    };
+    let whole = if env.version == 1 {
+        let s: WholeV1 = env.decode()?;
+        WholeV2 {
+            segment: s.segment,
+            offset: s.offset,
+            next_lsn: s.next_lsn,
+            heads: s.heads,
+            damage: Damage::default(),
+            garbage_bytes: 0,
+        }
+    } else {
+        env.decode()?
+    };
+    Ok(Some(Opened {
+        position: Position {
+            segment: whole.segment,
+            offset: whole.offset,
+            next_lsn: whole.next_lsn,
+            damage: whole.damage,
+            garbage_bytes: whole.garbage_bytes,
+        },
+        bytes: env.len,
+        heads: Heads::Listed(whole.heads),
+    }))
+}
+
+/// Reads snapshot `dir/name` and checks every page (the inspection's check).
+pub fn verify(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Position>> {
+    let Some(opened) = open(vfs, dir, name)? else {
+        return Ok(None);
+    };
+    if let Heads::Paged(pages) = &opened.heads {
+        let mut count = 0u64;
+        for page in 0..pages.page_count() {
+            count += pages.read_page(page)?.len() as u64;
+        }
+        if count != pages.partitions {
+            return Err(Error::corrupt(
+                pages.shown.clone(),
+                format!(
+                    "the pages hold {count} partitions, the index says {}",
+                    pages.partitions
+                ),
+            ));
+        }
+    }
+    Ok(Some(opened.position))
+}
+
+/// A page read and verified: its bytes and where each entry's name starts, in name order (no
+/// allocation per entry: a first touch reads one page).
+struct Page {
+    buf: Vec<u8>,
+    names: Vec<(u16, u8)>,
+}
+
+impl Page {
+    fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    fn entry(&self, i: usize) -> (&[u8], Loc) {
+        let (at, len) = (self.names[i].0 as usize, self.names[i].1 as usize);
+        let head = &self.buf[at + len..at + len + 8];
+        (
+            &self.buf[at..at + len],
+            u64::from_le_bytes(head.try_into().expect("8 bytes")),
+        )
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&[u8], Loc)> {
+        (0..self.len()).map(|i| self.entry(i))
+    }
+
+    fn find(&self, name: &[u8]) -> Option<Loc> {
+        let (mut lo, mut hi) = (0, self.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let (n, head) = self.entry(mid);
+            match n.cmp(name) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Some(head),
+            }
+        }
+        None
+    }
+}
+
+impl Pages {
+    /// Partitions in the snapshot.
+    pub fn partitions(&self) -> u64 {
+        self.partitions
+    }
+
+    fn page_count(&self) -> u32 {
+        self.first_ends.len() as u32
+    }
+
+    fn first_name(&self, page: u32) -> &[u8] {
+        let i = page as usize;
+        let start = if i == 0 {
+            0
+        } else {
+            self.first_ends[i - 1] as usize
+        };
+        &self.first_names[start..self.first_ends[i] as usize]
+    }
+
+    /// The page that could hold `name`: the last whose first name is not after it.
+    fn page_for(&self, name: &[u8]) -> Option<u32> {
+        let (mut lo, mut hi) = (0u32, self.page_count());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.first_name(mid) <= name {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo.checked_sub(1)
+    }
+
+    /// The names page `page` could hold, for messages.
+    fn span(&self, page: u32) -> String {
+        let from = shown(self.first_name(page));
+        match page + 1 < self.page_count() {
+            true => format!("from {from} up to {}", shown(self.first_name(page + 1))),
+            false => format!("from {from} on"),
+        }
+    }
+
+    fn refusal(&self, page: u32, found: &str) -> Error {
+        Error::corrupt(
+            format!("heads snapshot {} page {page}", self.shown),
+            format!(
+                "{found}; the partitions named {} cannot be proven intact and are refused until the store is reopened, which rebuilds the heads from the journal",
+                self.span(page)
+            ),
+        )
+    }
+
+    /// Reads and verifies one page. A damaged page is remembered and refused.
+    fn read_page(&self, page: u32) -> Result<Page> {
+        if let Some(found) = self.damaged.lock().get(&page) {
+            return Err(self.refusal(page, found));
+        }
+        let mut buf = vec![0u8; self.page_len];
+        let at = PAGES_AT + page as u64 * self.page_len as u64;
+        self.file
+            .read_exact_at(&mut buf, at)
+            .map_err(|e| Error::io(format!("reading {} page {page}", self.shown), e))?;
+        match self.decode_page(page, &buf) {
+            Some(names) => Ok(Page { buf, names }),
+            None => {
+                let found = "checksum mismatch or undecodable entries".to_owned();
+                log::error!(
+                    "heads snapshot {} page {page} is damaged; refusing the partitions named {}",
+                    self.shown,
+                    self.span(page)
+                );
+                let err = self.refusal(page, &found);
+                self.damaged.lock().insert(page, found);
+                Err(err)
+            }
+        }
+    }
+
+    fn decode_page(&self, page: u32, buf: &[u8]) -> Option<Vec<(u16, u8)>> {
+        let checked = {
+            #[cfg(feature = "test-hooks")]
+            {
+                !self.unchecked.load(Ordering::Relaxed)
+            }
+            #[cfg(not(feature = "test-hooks"))]
+            true
+        };
+        if checked && page_crc(page, &buf[4..]) != u32::from_le_bytes(buf[0..4].try_into().ok()?) {
+            return None;
+        }
+        let count = u16::from_le_bytes(buf[4..6].try_into().ok()?) as usize;
+        let mut names = Vec::with_capacity(count);
+        let mut at = PAGE_HEAD;
+        // Names must be in order and within the page's span, or lookups would miss them.
+        let mut ordered = true;
+        let mut previous: Option<&[u8]> = None;
+        for _ in 0..count {
+            let len = *buf.get(at)? as usize;
+            let name = buf.get(at + 1..at + 1 + len)?;
+            buf.get(at + 1 + len..at + 9 + len)?;
+            ordered &= match previous {
+                Some(p) => p < name,
+                None => name == self.first_name(page),
+            };
+            previous = Some(name);
+            names.push(((at + 1) as u16, len as u8));
+            at += 9 + len;
+        }
+        (!checked || ordered).then_some(names)
+    }
+
+    /// The head of partition `name` in the snapshot, if it is there.
+    pub fn lookup(&self, name: &[u8]) -> Result<Option<Loc>> {
+        let Some(page) = self.page_for(name) else {
+            return Ok(None);
+        };
+        Ok(self.read_page(page)?.find(name))
+    }
+
+    /// Whether each of `names` (sorted) is in the snapshot, reading each page at most once.
+    /// A damaged page answers true for the names it could hold (they are refused anyway).
+    pub fn contains_sorted(&self, names: &[&[u8]]) -> Vec<bool> {
+        let mut cached: Option<(u32, Result<Page>)> = None;
+        names
+            .iter()
+            .map(|name| {
+                let Some(page) = self.page_for(name) else {
+                    return false;
+                };
+                if cached.as_ref().is_none_or(|(p, _)| *p != page) {
+                    cached = Some((page, self.read_page(page)));
+                }
+                match &cached.as_ref().expect("just filled").1 {
+                    Ok(entries) => entries.find(name).is_some(),
+                    Err(_) => true,
+                }
+            })
+            .collect()
+    }
+
+    /// Calls `each` with every entry whose name starts with `prefix`, in name order.
+    pub fn for_each_prefixed(&self, prefix: &[u8], mut each: impl FnMut(&[u8], Loc)) -> Result<()> {
+        let mut page = self.page_for(prefix).unwrap_or(0);
+        while page < self.page_count() {
+            if page > 0
+                && self.first_name(page) > prefix
+                && !self.first_name(page).starts_with(prefix)
+            {
+                break;
+            }
+            for (name, head) in self.read_page(page)?.iter() {
+                if name.starts_with(prefix) {
+                    each(name, head);
+                } else if name > prefix {
+                    return Ok(());
+                }
+            }
+            page += 1;
+        }
+        Ok(())
+    }
+
+    /// Every entry, page by page (writing the next snapshot).
+    fn pages(&self) -> impl Iterator<Item = Result<Page>> + '_ {
+        (0..self.page_count()).map(|page| self.read_page(page))
+    }
+
+    /// Calls `each` with the name of every partition on a page that reads intact; a damaged
+    /// page is skipped (its names are refused already).
+    pub fn for_each_readable(&self, mut each: impl FnMut(&[u8])) {
+        for page in self.pages().flatten() {
+            for (name, _) in page.iter() {
+                each(name);
+            }
+        }
+    }
+
+    /// Whether any page was found damaged.
+    pub fn any_damaged(&self) -> bool {
+        !self.damaged.lock().is_empty()
+    }
+
+    /// What the damaged pages refuse, one line each (the store's damage listing).
+    pub fn describe_damage(&self) -> Vec<String> {
+        let damaged = self.damaged.lock().clone();
+        damaged
+            .iter()
+            .map(|(&page, found)| self.refusal(page, found).to_string())
+            .collect()
+    }
+}
+
+fn page_crc(page: u32, rest: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&page.to_le_bytes()), rest)
+}
+
+/// Writes a snapshot to `dir/name` atomically: the entries of `base` merged with `changed`
+/// (sorted by name, no duplicates; an entry of `changed` replaces the base's). Returns the
+/// partitions written. Fails on a damaged base page, before renaming anything.
+pub fn write(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    name: &str,
+    position: &Position,
+    base: Option<&Pages>,
+    changed: &[(Box<[u8]>, Loc)],
+) -> Result<u64> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let path = dir.join(name);
+    let io = |what: &str, e| Error::io(format!("{what} {}", path.display()), e);
+    let file = vfs
+        .open(&tmp, OpenMode::CreateTruncate)
+        .map_err(|e| io("creating", e))?;
+    let mut writer = PageWriter {
+        file: &*file,
+        page: vec![0u8; PAGE_LEN],
+        fill: PAGE_HEAD,
+        count: 0,
+        pages: 0,
+        partitions: 0,
+        first_names: Vec::new(),
+        first_ends: Vec::new(),
+    };
+    let mut changed = changed.iter().peekable();
+    let base_pages: Box<dyn Iterator<Item = Result<Page>>> = match base {
+        Some(base) => Box::new(base.pages()),
+        None => Box::new(std::iter::empty()),
+    };
+    for page in base_pages {
+        for (n, head) in page?.iter() {
+            while let Some((c, h)) = changed.next_if(|(c, _)| **c < *n) {
+                writer.push(c, *h).map_err(|e| io("writing", e))?;
+            }
+            match changed.next_if(|(c, _)| **c == *n) {
+                Some((c, h)) => writer.push(c, *h),
+                None => writer.push(n, head),
+            }
+            .map_err(|e| io("writing", e))?;
+        }
+    }
+    for (c, h) in changed {
+        writer.push(c, *h).map_err(|e| io("writing", e))?;
+    }
+    writer.finish_page().map_err(|e| io("writing", e))?;
+    let partitions = writer.partitions;
+    let meta = Meta {
+        position: position.clone(),
+        partitions,
+        first_names: writer.first_names,
+        first_ends: writer.first_ends,
+    };
+    let body =
+        postcard::to_stdvec(&meta).map_err(|e| Error::invalid(format!("encoding {name}: {e}")))?;
+    let meta_at = PAGES_AT + writer.pages as u64 * PAGE_LEN as u64;
+    file.write_all_at(&body, meta_at)
+        .map_err(|e| io("writing", e))?;
+    let mut header = [0u8; HEADER_LEN];
+    header[..PREAMBLE_LEN].copy_from_slice(&format::encode_preamble(PAGED_MAGIC));
+    let fields = PREAMBLE_LEN;
+    header[fields..fields + 4].copy_from_slice(&(PAGE_LEN as u32).to_le_bytes());
+    header[fields + 4..fields + 8].copy_from_slice(&writer.pages.to_le_bytes());
+    header[fields + 8..fields + 12].copy_from_slice(&(body.len() as u32).to_le_bytes());
+    header[fields + 12..fields + 16].copy_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    let crc = crc32c::crc32c(&header[fields..fields + 16]);
+    header[fields + 16..fields + 20].copy_from_slice(&crc.to_le_bytes());
+    file.write_all_at(&header, 0)
+        .map_err(|e| io("writing", e))?;
+    file.sync_data().map_err(|e| io("syncing", e))?;
+    drop(file);
+    vfs.rename(&tmp, &path)
+        .map_err(|e| io("renaming into", e))?;
+    vfs.sync_dir(dir)
+        .map_err(|e| io("syncing the directory of", e))?;
+    Ok(partitions)
+}
+
+/// Fills pages in order and writes each when full.
+struct PageWriter<'a> {
+    file: &'a dyn VfsFile,
+    page: Vec<u8>,
+    fill: usize,
+    count: u16,
+    pages: u32,
+    partitions: u64,
+    first_names: Vec<u8>,
+    first_ends: Vec<u32>,
+}
+
+impl PageWriter<'_> {
+    fn push(&mut self, name: &[u8], head: Loc) -> std::io::Result<()> {
+        let len = 9 + name.len();
+        if self.fill + len > self.page.len() || self.count == u16::MAX {
+            self.finish_page()?;
+        }
+        if self.count == 0 {
+            self.first_names.extend_from_slice(name);
+            self.first_ends.push(self.first_names.len() as u32);
+        }
+        let at = self.fill;
+        self.page[at] = name.len() as u8;
+        self.page[at + 1..at + 1 + name.len()].copy_from_slice(name);
+        self.page[at + 1 + name.len()..at + len].copy_from_slice(&head.to_le_bytes());
+        self.fill += len;
+        self.count += 1;
+        self.partitions += 1;
+        Ok(())
+    }
+
+    fn finish_page(&mut self) -> std::io::Result<()> {
+        if self.count == 0 {
+            return Ok(());
+        }
+        self.page[4..6].copy_from_slice(&self.count.to_le_bytes());
+        let crc = page_crc(self.pages, &self.page[4..]);
+        self.page[0..4].copy_from_slice(&crc.to_le_bytes());
+        let at = PAGES_AT + self.pages as u64 * PAGE_LEN as u64;
+        self.file.write_all_at(&self.page, at)?;
+        self.page.fill(0);
+        self.fill = PAGE_HEAD;
+        self.count = 0;
+        self.pages += 1;
+        Ok(())
+    }
+}
+
+/// Writes a snapshot in the whole-file format of version 2 (tests of reading old stores).
+#[cfg(feature = "test-hooks")]
+pub fn write_version_2(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    name: &str,
+    position: &Position,
+    heads: Vec<(Vec<u8>, Loc)>,
+) -> Result<()> {
+    let whole = WholeV2 {
+        segment: position.segment,
+        offset: position.offset,
+        next_lsn: position.next_lsn,
+        heads,
+        damage: position.damage.clone(),
+        garbage_bytes: position.garbage_bytes,
+    };
+    container::write_atomic(vfs, dir, name, SNAPSHOT_MAGIC, &whole)
+}
