@@ -299,3 +299,31 @@ fn without_the_zero_check_records_after_zeros_vanish_silently() {
         "the acknowledged batches after the zeros are gone"
     );
 }
+
+/// A sealed segment that still carries preallocated zeros after its records (a rollover trims
+/// it, but the walk does not rely on that) is compacted like any other: its zeros are the end
+/// of its records, not damage that would keep it.
+#[test]
+fn compaction_reads_a_sealed_segment_to_the_end_of_its_records() {
+    let fs = FaultFs::new();
+    let store = builder(&fs).open().unwrap();
+    let mut tally = Tally::default();
+    while segments(&fs).len() < 4 {
+        tally.put(&store, "p", 300);
+    }
+    store.close().unwrap();
+    let sealed = segments(&fs)[0].clone();
+    let len = file_len(&fs, &sealed);
+    damage(&fs, &sealed, |b| b.resize(SEGMENT_BYTES.max(len + 100), 0));
+    let store = builder(&fs).open().unwrap();
+    let report = store.compact().unwrap();
+    assert_eq!(report.segments_kept, 0, "{report:?}");
+    assert!(report.segments_removed >= 3, "{report:?}");
+    assert!(
+        !fs.list(&journal())
+            .unwrap()
+            .iter()
+            .any(|n| journal().join(n) == sealed)
+    );
+    assert!(tally.refused(&store).is_empty());
+}
