@@ -6,10 +6,18 @@
 //! store, appends a tail that no heads snapshot covers, flushes, copies the files while the
 //! store is still open, and opens the copy.
 //!
+//! A second dimension, the partition count: stores of 10,000, 100,000 and 1,000,000 partitions
+//! of one 100-byte row each, built once, closed, reopened repeatedly; the table gives each
+//! open's ratio to the 10,000-partition one (goal: within 1.5x up to 1,000,000).
+//!
 //! Run: `cargo bench --bench open -- --warm-up-time 1 --measurement-time 5`.
 //! `PORTCULLIS_BENCH_BIG_MIB` sets the large history (default 1024);
 //! `PORTCULLIS_BENCH_TAIL_MIB` the crash tail (default 30, just under the default 32 MiB
-//! snapshot interval, so near the most a crash can leave to scan).
+//! snapshot interval, so near the most a crash can leave to scan);
+//! `PORTCULLIS_BENCH_OPEN_PARTITIONS` the partition counts (default `10000,100000,1000000`;
+//! the first is the one the ratios are to); `PORTCULLIS_BENCH_OPEN_GROUPS` which of the two
+//! dimensions run (default `history,partitions`). `cargo test --benches` runs both on tiny
+//! stores (100 and 1,000 partitions).
 
 mod common;
 
@@ -18,10 +26,10 @@ use std::time::{Duration, Instant};
 
 use common::{
     append_history, copy_store_files, dir_bytes, env_u64, full_run, last_segment_bytes, median,
-    mib, open_for_loading, partitions, scratch,
+    mib, open_for_loading, partitions, scratch, seq_key, value,
 };
-use criterion::Criterion;
-use portcullis::store::{FileStore, KeyRange, OpenReport, Partition, Store};
+use criterion::{Criterion, SamplingMode};
+use portcullis::store::{Batch, FileStore, KeyRange, OpenReport, Partition, Store};
 
 const VALUE_LEN: usize = 1000;
 
@@ -128,6 +136,126 @@ fn timed_open(dir: &Path, observed: &mut Observed) -> (FileStore, Duration) {
 
 fn main() {
     let full = full_run();
+    let groups = std::env::var("PORTCULLIS_BENCH_OPEN_GROUPS")
+        .unwrap_or_else(|_| "history,partitions".into());
+    let mut c = Criterion::default().sample_size(10).configure_from_args();
+    if groups.split(',').any(|g| g == "history") {
+        by_history(&mut c, full);
+    }
+    if groups.split(',').any(|g| g == "partitions") {
+        by_partition_count(&mut c, full);
+    }
+    c.final_summary();
+}
+
+/// The partition counts of the second dimension.
+fn partition_counts(full: bool) -> Vec<u64> {
+    if !full {
+        return vec![100, 1_000];
+    }
+    let spec = std::env::var("PORTCULLIS_BENCH_OPEN_PARTITIONS")
+        .unwrap_or_else(|_| "10000,100000,1000000".into());
+    spec.split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .expect("PORTCULLIS_BENCH_OPEN_PARTITIONS: numbers")
+        })
+        .collect()
+}
+
+/// A store of `n` partitions with one 100-byte row each, closed.
+fn build_partitions(n: u64) -> Built {
+    let label = format!("{n}-partitions");
+    let dir = scratch(&label);
+    let started = Instant::now();
+    let store = open_for_loading(dir.path());
+    for (i, p) in partitions(n).iter().enumerate() {
+        let outcome = store
+            .apply(p, &Batch::new().put(seq_key(0), value(i as u64, 100)))
+            .expect("apply");
+        assert!(outcome.is_committed());
+    }
+    store.close().expect("close");
+    let build_time = started.elapsed();
+    let disk_bytes = dir_bytes(dir.path());
+    eprintln!(
+        "built {label}: {:.1} MiB on disk, in {build_time:.1?}",
+        mib(disk_bytes)
+    );
+    let last_segment = last_segment_bytes(dir.path());
+    Built {
+        label,
+        dir,
+        rows_per_partition: 1,
+        build_time,
+        disk_bytes,
+        last_segment,
+    }
+}
+
+/// Open time against the number of partitions (clean close, warm page cache).
+fn by_partition_count(c: &mut Criterion, full: bool) {
+    let counts = partition_counts(full);
+    let mut results: Vec<(u64, u64, Duration, Observed)> = Vec::new();
+    for &n in &counts {
+        // One store at a time on disk: the biggest is the one that matters.
+        let built = build_partitions(n);
+        let mut observed = Observed::default();
+        let mut group = c.benchmark_group("open_by_partition_count");
+        group.sampling_mode(SamplingMode::Flat);
+        group.bench_function(format!("{n}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let (store, took) = timed_open(built.dir.path(), &mut observed);
+                    assert_eq!(store.stats().partitions, n);
+                    total += took;
+                    store.close().expect("close");
+                }
+                total
+            })
+        });
+        group.finish();
+        results.push((n, built.disk_bytes, built.build_time, observed));
+    }
+    let base = results
+        .first()
+        .map(|(_, _, _, o)| median(o.opens.clone()).as_secs_f64())
+        .unwrap_or(0.0);
+    println!();
+    println!(
+        "## open by partition count: one 100-byte row per partition, clean close, warm cache (medians of every open timed)"
+    );
+    println!(
+        "| partitions | on disk MiB | build | clean open | snapshot bytes | journal scanned | open / open of {} |",
+        counts.first().copied().unwrap_or(0)
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (n, disk_bytes, build_time, observed) in &results {
+        let r = observed.report.clone().unwrap_or_default();
+        let open = median(observed.opens.clone());
+        println!(
+            "| {n} | {:.1} | {:.1?} | {open:.2?} | {} | {} | {:.2}x |",
+            mib(*disk_bytes),
+            build_time,
+            r.snapshot_bytes,
+            r.journal_bytes_scanned,
+            open.as_secs_f64() / base
+        );
+    }
+    if let (Some(first), Some(last)) = (results.first(), results.last()) {
+        println!(
+            "ratio {} / {} partitions: clean open {:.2}x (goal <= 1.5)",
+            last.0,
+            first.0,
+            median(last.3.opens.clone()).as_secs_f64() / base
+        );
+    }
+}
+
+/// Open time against stored history, clean and after a crash, and the time to first answer.
+fn by_history(c: &mut Criterion, full: bool) {
     let n_parts = if full { 10_000 } else { 100 };
     let small_bytes = if full { 10 << 20 } else { 256 << 10 };
     let big_bytes = if full {
@@ -154,7 +282,6 @@ fn main() {
     );
     let stores = [&small, &big, &one_segment];
 
-    let mut c = Criterion::default().sample_size(10).configure_from_args();
     let mut clean: Vec<Observed> = Vec::new();
     {
         let mut group = c.benchmark_group("open_clean");
@@ -301,5 +428,4 @@ fn main() {
     drop(one_segment);
     drop(big);
     drop(small);
-    c.final_summary();
 }

@@ -24,8 +24,33 @@ pub trait Bench: Sync {
 pub trait Reader {
     /// Reads entity `entity`'s whole history in order; returns (records, value bytes).
     fn read_entity(&self, entity: u64) -> R<(usize, usize)>;
+    /// Reads record `seq` (from 0) of `entity`: one point read.
+    fn get(&self, entity: u64, seq: u64) -> R<Option<Vec<u8>>>;
     /// Closes the store (so it can be reopened in the same process).
     fn close(self: Box<Self>) -> R<()>;
+}
+
+/// Durably writes record `seq` (from 0) of `entity` as one single-row commit; returns once the
+/// commit is acknowledged (synced).
+pub type PointWriter = Box<dyn FnMut(u64, u64, &[u8]) -> R<()>>;
+
+/// The workloads, for the systems that take part in only some of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    Commits,
+    Cas,
+    /// Loading a data set, reopening it, and reading it (`load`, `open`).
+    Read,
+    /// Reopen after a writer was killed with SIGKILL mid-write (`load`, `crash_writer`, `open`).
+    Crash,
+}
+
+/// Times of one restore of every entity (Portcullis's engine only).
+pub struct RestoreRun {
+    /// Opening the engine over the store.
+    pub open: std::time::Duration,
+    /// The warm, from its start until every entity is restored.
+    pub warm: std::time::Duration,
 }
 
 /// In which order the rows of a data set are written.
@@ -83,6 +108,10 @@ pub trait System: Sync {
     fn name(&self) -> &'static str;
     /// How the system is configured, in one line.
     fn config(&self) -> String;
+    /// Whether the system takes part in `workload` (every one by default).
+    fn supports(&self, _workload: Workload) -> bool {
+        true
+    }
     /// An empty store for durable single-row commits.
     fn commits(&self, dir: &Path) -> R<Box<dyn Bench>>;
     /// A store holding one row, for compare-and-set contention.
@@ -91,6 +120,14 @@ pub trait System: Sync {
     fn load(&self, dir: &Path, data: &DataSet) -> R<()>;
     /// Opens the store in `dir`.
     fn open(&self, dir: &Path) -> R<Box<dyn Reader>>;
+    /// Opens the store in `dir` for durable single-row writes of new records, each synced
+    /// before it is acknowledged, into the same table `load` fills.
+    fn crash_writer(&self, dir: &Path) -> R<PointWriter>;
+    /// Opens the store in `dir` (loaded with `data`) through an engine and restores every
+    /// entity; `None` for a system without one.
+    fn restore_all(&self, _dir: &Path, _data: &DataSet) -> R<Option<RestoreRun>> {
+        Ok(None)
+    }
 }
 
 /// A 16-byte key: entity then sequence number, both big-endian, so keys sort by entity then seq.

@@ -1,25 +1,31 @@
 //! Runs each workload on Portcullis and on its peers (SQLite, redb, fjall), every system
 //! configured so that each acknowledged commit is synced, and prints a markdown table of medians
-//! with the ratio Portcullis/peer for each cell.
+//! with the ratio Portcullis/peer for each cell. A minimal group-commit log takes part in the
+//! durable commits as a baseline.
 //!
 //! `cargo run --release -p portcullis-peers` runs everything; `-- --help` lists the options.
+//! This module owns the options and the order of the workloads.
 
 #![forbid(unsafe_code)]
 
 mod common;
+mod crash;
+mod engine_restore;
+mod report;
 mod sys_fjall;
+mod sys_gclog;
 mod sys_portcullis;
 mod sys_redb;
 mod sys_sqlite;
+mod throughput;
 
-use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Barrier, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use common::{DataSet, Order, R, System};
+use common::{DataSet, Order, R, System, Workload};
+use report::{Row, render, thousands};
+use throughput::run_threads;
 
 struct Options {
     runs: usize,
@@ -34,6 +40,10 @@ struct Options {
     cold: bool,
     read_all: bool,
     out: Option<String>,
+    /// The store the crash workload kills a writer on.
+    crash: DataSet,
+    /// Writes the killed writer has acknowledged before the kill.
+    acks: u64,
 }
 
 impl Options {
@@ -63,6 +73,8 @@ impl Options {
             cold: true,
             read_all: true,
             out: None,
+            crash: crash::data_set(false),
+            acks: 100,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -74,6 +86,8 @@ impl Options {
                     o.seconds = 0.5;
                     o.logs.entities = 200;
                     o.big.entities = 256;
+                    o.crash = crash::data_set(true);
+                    o.acks = 20;
                 }
                 "--runs" => o.runs = next()?.parse()?,
                 "--big-runs" => o.big_runs = next()?.parse()?,
@@ -96,10 +110,11 @@ impl Options {
                     println!(
                         "options: --quick | --runs N (default 3) | --big-runs N (default 3) | \
                          --seconds S per throughput run (default 3) | \
-                         --only commits,cas,logs,open | --systems portcullis,sqlite,redb,fjall | \
+                         --only commits,cas,logs,open,crash | \
+                         --systems portcullis,sqlite,redb,fjall,group-commit-log | \
                          --threads 1,4,16,64 | --cas-threads N (default 16) | --no-cold | \
-                         --first-only (skip reading every entity after the first answer) | --out FILE (also write \
-                         the markdown there)"
+                         --first-only (skip reading every entity after the first answer, and \
+                         the restore) | --out FILE (also write the markdown there)"
                     );
                     std::process::exit(0);
                 }
@@ -114,50 +129,19 @@ impl Options {
     }
 }
 
-/// One row of the table: a measured quantity per system.
-struct Row {
-    what: String,
-    unit: &'static str,
-    higher_is_better: bool,
-    samples: Vec<Vec<f64>>,
+/// A system's name on the command line: lower case, spaces as dashes.
+fn key(sys: &dyn System) -> String {
+    sys.name().to_lowercase().replace(' ', "-")
 }
 
-fn median(v: &[f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    Some(if !n.is_multiple_of(2) {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    })
-}
-
-fn fmt_num(x: f64, unit: &str) -> String {
-    match unit {
-        "ms" if x >= 10_000.0 => format!("{:.1} s", x / 1000.0),
-        "ms" if x >= 100.0 => format!("{x:.0} ms"),
-        "ms" if x >= 1.0 => format!("{x:.1} ms"),
-        "ms" => format!("{:.0} µs", x * 1000.0),
-        _ if x >= 100.0 => thousands(x.round() as u64),
-        _ if x >= 1.0 => format!("{x:.1}"),
-        _ => format!("{x:.2}"),
-    }
-}
-
-fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+fn all_systems() -> Vec<Box<dyn System>> {
+    vec![
+        Box::new(sys_portcullis::Portcullis),
+        Box::new(sys_sqlite::Sqlite),
+        Box::new(sys_redb::Redb),
+        Box::new(sys_fjall::Fjall),
+        Box::new(sys_gclog::GcLog),
+    ]
 }
 
 fn drop_caches() -> bool {
@@ -171,91 +155,15 @@ fn temp_dir(tag: &str) -> R<tempfile::TempDir> {
         .tempdir_in(std::env::temp_dir())?)
 }
 
-struct ThroughputRun {
-    per_second: f64,
-    attempts_per_second: f64,
-    syncs_per_commit: Option<f64>,
-    commits: u64,
-    max_latency_ms: f64,
-}
-
-/// Runs `threads` workers of `bench` for `seconds`; counts the operations that completed (and
-/// succeeded) before the deadline.
-fn run_threads(bench: &dyn common::Bench, threads: usize, seconds: f64) -> R<ThroughputRun> {
-    let barrier = Barrier::new(threads + 1);
-    let stop = AtomicBool::new(false);
-    let dur = Duration::from_secs_f64(seconds);
-    let deadline = Mutex::new(None::<Instant>);
-    let (results, before, after) = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let (barrier, stop, deadline) = (&barrier, &stop, &deadline);
-                s.spawn(move || -> R<(u64, u64, Duration)> {
-                    let worker = bench.worker(t);
-                    barrier.wait();
-                    let mut worker = worker?;
-                    let deadline = deadline.lock().unwrap().ok_or("no deadline")?;
-                    let (mut wins, mut attempts, mut worst) = (0u64, 0u64, Duration::ZERO);
-                    let mut i = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        let started = Instant::now();
-                        let won = worker(i)?;
-                        let done = Instant::now();
-                        i += 1;
-                        if done <= deadline {
-                            attempts += 1;
-                            wins += u64::from(won);
-                            worst = worst.max(done - started);
-                        }
-                    }
-                    Ok((wins, attempts, worst))
-                })
-            })
-            .collect();
-        *deadline.lock().unwrap() = Some(Instant::now() + dur);
-        let before = bench.counters();
-        barrier.wait();
-        std::thread::sleep(dur);
-        let after = bench.counters();
-        stop.store(true, Ordering::Relaxed);
-        let out: Vec<R<(u64, u64, Duration)>> = handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("worker panicked".into())))
-            .collect();
-        (out, before, after)
-    });
-    let (mut wins, mut attempts, mut worst) = (0, 0, Duration::ZERO);
-    for r in results {
-        let (w, a, l) = r?;
-        wins += w;
-        attempts += a;
-        worst = worst.max(l);
-    }
-    let syncs_per_commit = match (before, after) {
-        (Some((batches0, syncs0)), Some((batches1, syncs1))) if batches1 > batches0 => {
-            Some((syncs1 - syncs0) as f64 / (batches1 - batches0) as f64)
-        }
-        _ => None,
-    };
-    Ok(ThroughputRun {
-        per_second: wins as f64 / seconds,
-        attempts_per_second: attempts as f64 / seconds,
-        syncs_per_commit,
-        commits: wins,
-        max_latency_ms: worst.as_secs_f64() * 1000.0,
-    })
-}
-
 fn main() -> R<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a.starts_with("__")) {
+        return crash::child(&args, &all_systems());
+    }
     let o = Options::parse()?;
-    let mut systems: Vec<Box<dyn System>> = vec![
-        Box::new(sys_portcullis::Portcullis),
-        Box::new(sys_sqlite::Sqlite),
-        Box::new(sys_redb::Redb),
-        Box::new(sys_fjall::Fjall),
-    ];
+    let mut systems = all_systems();
     if !o.systems.is_empty() {
-        systems.retain(|s| o.systems.contains(&s.name().to_lowercase()));
+        systems.retain(|s| o.systems.contains(&key(s.as_ref())));
     }
     let n = systems.len();
     let started = Instant::now();
@@ -277,7 +185,10 @@ fn main() -> R<()> {
                 true,
             );
             let mut syncs = new_row(
-                format!("syncs per commit, {threads} threads (Portcullis: its own counter)"),
+                format!(
+                    "syncs per commit, {threads} threads (Portcullis and the group-commit log: \
+                     their own counters)"
+                ),
                 "",
                 false,
             );
@@ -288,6 +199,9 @@ fn main() -> R<()> {
             );
             for run in 0..o.runs {
                 for (i, sys) in systems.iter().enumerate() {
+                    if !sys.supports(Workload::Commits) {
+                        continue;
+                    }
                     let dir = temp_dir("commits")?;
                     let bench = sys.commits(dir.path())?;
                     let r = run_threads(bench.as_ref(), threads, o.seconds)?;
@@ -326,6 +240,9 @@ fn main() -> R<()> {
         );
         for run in 0..o.runs {
             for (i, sys) in systems.iter().enumerate() {
+                if !sys.supports(Workload::Cas) {
+                    continue;
+                }
                 let dir = temp_dir("cas")?;
                 let bench = sys.cas(dir.path())?;
                 let r = run_threads(bench.as_ref(), threads, o.seconds)?;
@@ -380,7 +297,31 @@ fn main() -> R<()> {
             "ms",
             false,
         );
+        // Portcullis's engine restoring every entity, next to the peers' reads of every
+        // history (their samples are repeated here so the ratios show).
+        let restore_what = |cache: &str| {
+            format!(
+                "{label}: restore every entity after open (Portcullis: `Engine::warm` to \
+                 completion; peers: their read of every entity's history after open, as above), \
+                 {cache} cache"
+            )
+        };
+        let mut restore_c = new_row(restore_what("cold"), "ms", false);
+        let mut restore_w = new_row(restore_what("warm"), "ms", false);
+        let mut engine_open_c = new_row(
+            format!("{label}: open of the engine before that restore, cold cache"),
+            "ms",
+            false,
+        );
+        let mut engine_open_w = new_row(
+            format!("{label}: open of the engine before that restore, warm cache"),
+            "ms",
+            false,
+        );
         for (i, sys) in systems.iter().enumerate() {
+            if !sys.supports(Workload::Read) {
+                continue;
+            }
             let dir = temp_dir(key)?;
             let t = Instant::now();
             sys.load(dir.path(), &data)?;
@@ -448,6 +389,49 @@ fn main() -> R<()> {
                     ro.samples[i].push(opened.as_secs_f64() * 1e3);
                     rf.samples[i].push(first.as_secs_f64() * 1e3);
                     ra.samples[i].push(all.as_secs_f64() * 1e3);
+                    if o.read_all && key == "logs" {
+                        let rr = if is_cold {
+                            &mut restore_c
+                        } else {
+                            &mut restore_w
+                        };
+                        rr.samples[i].push(all.as_secs_f64() * 1e3);
+                    }
+                }
+            }
+            for &is_cold in modes.iter().filter(|_| o.read_all && key == "logs") {
+                let mut warms = Vec::new();
+                for run in 0..runs {
+                    if is_cold && !drop_caches() {
+                        return Err("dropping the page cache stopped working".into());
+                    }
+                    let Some(r) = sys.restore_all(dir.path(), &data)? else {
+                        break;
+                    };
+                    eprintln!(
+                        "[{:>6.1}s] {key} {} restore {} run {run}: engine open {:.2} ms, warm {:.0} ms",
+                        started.elapsed().as_secs_f64(),
+                        sys.name(),
+                        if is_cold { "cold" } else { "warm" },
+                        r.open.as_secs_f64() * 1e3,
+                        r.warm.as_secs_f64() * 1e3
+                    );
+                    let ro = if is_cold {
+                        &mut engine_open_c
+                    } else {
+                        &mut engine_open_w
+                    };
+                    ro.samples[i].push(r.open.as_secs_f64() * 1e3);
+                    warms.push(r.warm.as_secs_f64() * 1e3);
+                }
+                // A system with an engine shows its restore, not its reads, in the restore rows.
+                if !warms.is_empty() {
+                    let rr = if is_cold {
+                        &mut restore_c
+                    } else {
+                        &mut restore_w
+                    };
+                    rr.samples[i] = warms;
                 }
             }
             drop(dir);
@@ -459,13 +443,38 @@ fn main() -> R<()> {
             &mut open_c,
             &mut first_c,
             &mut all_c,
+            &mut restore_c,
+            &mut restore_w,
+            &mut engine_open_c,
+            &mut engine_open_w,
         ] {
             r.what = format!("{} ({shape})", r.what);
         }
         rows.extend([first_c, first_w, open_c, open_w, all_c, all_w]);
+        // Shown only when an engine restored (the rows would only repeat the reads otherwise).
+        if engine_open_c
+            .samples
+            .iter()
+            .chain(&engine_open_w.samples)
+            .any(|v| !v.is_empty())
+        {
+            rows.extend([restore_c, restore_w, engine_open_c, engine_open_w]);
+        }
     }
 
-    let md = render(&o, &systems, &rows, &notes, cold, started.elapsed());
+    if o.wants("crash") {
+        rows.extend(crash::run(
+            &systems, &o.crash, o.big_runs, o.acks, cold, started, &mut notes,
+        )?);
+    }
+
+    let how = format!(
+        "Medians of {} runs per cell ({} s per throughput run); the ~1 GiB store and the crash \
+         workload's store are written once per system; the ~1 GiB store is reopened {} times per \
+         cache state, and a writer is killed {} times per cache state.",
+        o.runs, o.seconds, o.big_runs, o.big_runs
+    );
+    let md = render(&how, &systems, &rows, &notes, cold, started.elapsed());
     println!("{md}");
     if let Some(path) = &o.out {
         std::fs::write(path, &md)?;
@@ -485,146 +494,4 @@ fn dir_size(dir: &Path) -> u64 {
         }
     }
     total
-}
-
-fn machine_facts() -> Vec<String> {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let mem = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|k| k.parse::<u64>().ok())
-        })
-        .map_or("unknown".to_string(), |kb| {
-            format!("{:.1} GiB", kb as f64 / 1024.0 / 1024.0)
-        });
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    let fs = Command::new("df")
-        .arg("-T")
-        .arg(std::env::temp_dir())
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|t| {
-            t.lines().nth(1).map(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                format!(
-                    "{} on {}",
-                    f.get(1).unwrap_or(&"?"),
-                    f.first().unwrap_or(&"?")
-                )
-            })
-        })
-        .unwrap_or_else(|| "unknown".into());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into());
-    vec![
-        format!("{cores} cores ({cpu}), {mem} of memory, Linux {kernel}"),
-        format!("temporary directory's file system (`df -T`): {fs}"),
-    ]
-}
-
-fn render(
-    o: &Options,
-    systems: &[Box<dyn System>],
-    rows: &[Row],
-    notes: &[String],
-    cold: bool,
-    took: Duration,
-) -> String {
-    let mut s = String::new();
-    let names: Vec<&str> = systems.iter().map(|x| x.name()).collect();
-    let _ = writeln!(s, "Machine: {}.", machine_facts().join("; "));
-    let _ = writeln!(
-        s,
-        "Medians of {} runs per cell ({} s per throughput run); the ~1 GiB store is written once \
-         per system and reopened {} times per cache state. Whole run: {:.0} s.",
-        o.runs,
-        o.seconds,
-        o.big_runs,
-        took.as_secs_f64()
-    );
-    let _ = writeln!(
-        s,
-        "Cold cache: {}.\n",
-        if cold {
-            "the page cache was dropped (`sync; echo 3 > /proc/sys/vm/drop_caches`) before each \
-             cold open"
-        } else {
-            "not measured (the page cache could not be dropped); every figure is warm"
-        }
-    );
-    let _ = write!(s, "| workload | unit |");
-    for n in &names {
-        let _ = write!(s, " {n} |");
-    }
-    for n in &names[1..] {
-        let _ = write!(s, " {}/{n} |", names[0]);
-    }
-    let _ = write!(s, "\n| --- | --- |");
-    for _ in 0..(names.len() * 2 - 1) {
-        let _ = write!(s, " ---: |");
-    }
-    s.push('\n');
-    for r in rows {
-        let meds: Vec<Option<f64>> = r.samples.iter().map(|v| median(v)).collect();
-        if meds.iter().all(Option::is_none) {
-            continue;
-        }
-        let unit = match (r.unit, r.higher_is_better) {
-            ("", _) => String::new(),
-            (u, true) => format!("{u} (higher is better)"),
-            (u, false) => format!("{u} (lower is better)"),
-        };
-        let _ = write!(s, "| {} | {unit} |", r.what);
-        for m in &meds {
-            let _ = write!(
-                s,
-                " {} |",
-                m.map_or("n/a".to_string(), |x| fmt_num(x, r.unit))
-            );
-        }
-        for m in &meds[1..] {
-            let cell = match (meds[0], *m) {
-                (Some(p), Some(q)) if q > 0.0 && !r.unit.is_empty() => {
-                    let ratio = p / q;
-                    let ahead = if r.higher_is_better {
-                        ratio > 1.0
-                    } else {
-                        ratio < 1.0
-                    };
-                    format!("{ratio:.2} ({})", if ahead { "ahead" } else { "behind" })
-                }
-                (Some(p), Some(q)) if q > 0.0 => format!("{:.2}", p / q),
-                _ => "n/a".to_string(),
-            };
-            let _ = write!(s, " {cell} |");
-        }
-        s.push('\n');
-    }
-    let _ = writeln!(
-        s,
-        "\nConfigurations (every acknowledged commit is synced):\n"
-    );
-    for sys in systems {
-        let _ = writeln!(s, "- **{}**: {}", sys.name(), sys.config());
-    }
-    if !notes.is_empty() {
-        let _ = writeln!(s, "\nData sets (loading is not part of the comparison):\n");
-        for n in notes {
-            let _ = writeln!(s, "- {n}");
-        }
-    }
-    s
 }

@@ -7,7 +7,7 @@ use fjall::{
     TxPartitionHandle,
 };
 
-use crate::common::{Bench, DataSet, R, Reader, System, Worker, log_key, value};
+use crate::common::{Bench, DataSet, PointWriter, R, Reader, System, Worker, log_key, value};
 
 pub struct Fjall;
 
@@ -76,6 +76,10 @@ impl Reader for LogReader {
         Ok((n, bytes))
     }
 
+    fn get(&self, entity: u64, seq: u64) -> R<Option<Vec<u8>>> {
+        Ok(self.part.get(log_key(entity, seq))?.map(|v| v.to_vec()))
+    }
+
     fn close(self: Box<Self>) -> R<()> {
         drop(self);
         Ok(())
@@ -133,5 +137,16 @@ impl System for Fjall {
         let ks = Config::new(dir).open()?;
         let part = ks.open_partition("log", PartitionCreateOptions::default())?;
         Ok(Box::new(LogReader { _ks: ks, part }))
+    }
+
+    fn crash_writer(&self, dir: &Path) -> R<PointWriter> {
+        let ks = Config::new(dir).open()?;
+        let part = ks.open_partition("log", PartitionCreateOptions::default())?;
+        Ok(Box::new(move |entity, seq, record: &[u8]| {
+            let mut b = ks.batch().durability(Some(MODE));
+            b.insert(&part, log_key(entity, seq), record);
+            b.commit()?;
+            Ok(())
+        }))
     }
 }

@@ -1,17 +1,41 @@
 //! Portcullis: the file-backed store, every commit synced (group commit shares the syncs).
+//! Entity logs are written with `portcullis::log` into the engine's entity partitions, each
+//! entity registered with `Engine::register` first, so the engine restores the same data set
+//! the log reads (see `engine_restore`).
 
 use std::path::Path;
 use std::sync::Arc;
 
+use portcullis::EntityId;
+use portcullis::engine::Engine;
 use portcullis::log;
 use portcullis::store::{Batch, FileStore, Outcome, Partition, Store, SyncPolicy};
 
-use crate::common::{Bench, DataSet, Order, R, Reader, System, Worker, value};
+use crate::common::{
+    Bench, DataSet, Order, PointWriter, R, Reader, RestoreRun, System, Worker, value,
+};
 
 pub struct Portcullis;
 
+/// The namespace of the per-entity logs.
+pub const LOG_NAMESPACE: &str = "logs";
+
+/// Entity `entity` of the data sets: `logs/00000042`, partition `e/logs/00000042`.
+pub fn entity_id(entity: u64) -> R<EntityId> {
+    Ok(EntityId::new(LOG_NAMESPACE, format!("{entity:08}"))?)
+}
+
 fn entity_partition(entity: u64) -> R<Partition> {
-    Ok(Partition::new(format!("log/{entity:08}"))?)
+    Ok(entity_id(entity)?.partition())
+}
+
+/// Appends `records` to `entity`'s log.
+fn append(store: &FileStore, entity: u64, records: &[Vec<u8>]) -> R<()> {
+    let p = entity_partition(entity)?;
+    match log::append(store, &p, records, Batch::new())?.committed() {
+        Some(_) => Ok(()),
+        None => Err("append refused".into()),
+    }
 }
 
 struct Commits {
@@ -89,6 +113,15 @@ impl Reader for LogReader {
         }
     }
 
+    fn get(&self, entity: u64, seq: u64) -> R<Option<Vec<u8>>> {
+        let page = log::read_log(&self.store, &entity_partition(entity)?, seq + 1, 1)?;
+        Ok(page
+            .records
+            .into_iter()
+            .find(|r| r.seq == seq + 1)
+            .map(|r| r.payload))
+    }
+
     fn close(self: Box<Self>) -> R<()> {
         Ok(self.store.close()?)
     }
@@ -102,11 +135,13 @@ impl System for Portcullis {
     fn config(&self) -> String {
         "FileStore, SyncPolicy::SyncEveryCommit (default: `apply` returns once the batch is \
          fdatasync'd; concurrent commits share a sync), other options default; single-row \
-         commits: one partition per thread; logs: one partition per entity written and read with \
+         commits: one partition per thread; logs: one partition per entity (the engine's \
+         entity partition, registered with `Engine::register`) written and read with \
          `portcullis::log` (`append`: one guarded batch per append, guarded on the log's head \
-         row; `read_log` pages of 1,024); compare-and-set: `get_for_update`, then a batch \
-         guarded with `equals`"
-            .into()
+         row; `read_log` pages of 1,024; the point read after a kill: `read_log` of one \
+         record); compare-and-set: `get_for_update`, then a batch guarded with `equals`; "
+            .to_string()
+            + crate::engine_restore::CONFIG
     }
 
     fn commits(&self, dir: &Path) -> R<Box<dyn Bench>> {
@@ -139,20 +174,24 @@ impl System for Portcullis {
     fn load(&self, dir: &Path, data: &DataSet) -> R<()> {
         // Bulk load: commits are written but not synced one by one; `close` syncs everything
         // and writes a heads snapshot, so the data set is durable when `load` returns.
-        let store = FileStore::builder(dir)
-            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+        let store = Arc::new(
+            FileStore::builder(dir)
+                .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+                .open()?,
+        );
+        // Register every entity as an application would (this writes the marker row the
+        // engine lists entities by), then append through the log.
+        let engine = Engine::builder(crate::engine_restore::Histories)
+            .store(Arc::clone(&store) as Arc<dyn Store>)
             .open()?;
+        for e in 0..data.entities {
+            engine.register(&entity_id(e)?)?;
+        }
+        engine.close()?;
         match data.order {
             Order::Interleaved => {
                 for (e, s) in data.rows() {
-                    let record = value(e, s, data.value_len);
-                    let p = entity_partition(e)?;
-                    if log::append(&store, &p, &[record], Batch::new())?
-                        .committed()
-                        .is_none()
-                    {
-                        return Err("append refused".into());
-                    }
+                    append(&store, e, &[value(e, s, data.value_len)])?;
                 }
             }
             Order::PerEntity => {
@@ -160,13 +199,7 @@ impl System for Portcullis {
                     let records: Vec<Vec<u8>> = (0..data.records)
                         .map(|s| value(e, s, data.value_len))
                         .collect();
-                    let p = entity_partition(e)?;
-                    if log::append(&store, &p, &records, Batch::new())?
-                        .committed()
-                        .is_none()
-                    {
-                        return Err("append refused".into());
-                    }
+                    append(&store, e, &records)?;
                 }
             }
         }
@@ -179,5 +212,19 @@ impl System for Portcullis {
             .sync_policy(SyncPolicy::SyncEveryCommit)
             .open()?;
         Ok(Box::new(LogReader { store }))
+    }
+
+    fn crash_writer(&self, dir: &Path) -> R<PointWriter> {
+        let store = FileStore::builder(dir)
+            .sync_policy(SyncPolicy::SyncEveryCommit)
+            .open()?;
+        Ok(Box::new(move |entity, seq, record: &[u8]| {
+            let _ = seq; // the log numbers records itself: record `seq` is log seq `seq + 1`
+            append(&store, entity, &[record.to_vec()])
+        }))
+    }
+
+    fn restore_all(&self, dir: &Path, data: &DataSet) -> R<Option<RestoreRun>> {
+        crate::engine_restore::restore_all(dir, data).map(Some)
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::common::{Bench, DataSet, R, Reader, System, Worker, value};
+use crate::common::{Bench, DataSet, PointWriter, R, Reader, System, Worker, value};
 
 pub struct Redb;
 
@@ -76,6 +76,12 @@ impl Reader for LogReader {
         Ok((n, bytes))
     }
 
+    fn get(&self, entity: u64, seq: u64) -> R<Option<Vec<u8>>> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(LOG)?;
+        Ok(t.get((entity, seq))?.map(|v| v.value().to_vec()))
+    }
+
     fn close(self: Box<Self>) -> R<()> {
         drop(self.db);
         Ok(())
@@ -131,5 +137,15 @@ impl System for Redb {
     fn open(&self, dir: &Path) -> R<Box<dyn Reader>> {
         let db = Database::create(dir.join("db.redb"))?;
         Ok(Box::new(LogReader { db }))
+    }
+
+    fn crash_writer(&self, dir: &Path) -> R<PointWriter> {
+        let db = Database::create(dir.join("db.redb"))?;
+        Ok(Box::new(move |entity, seq, record: &[u8]| {
+            let txn = db.begin_write()?;
+            txn.open_table(LOG)?.insert((entity, seq), record)?;
+            txn.commit()?;
+            Ok(())
+        }))
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
-use crate::common::{Bench, DataSet, R, Reader, System, Worker, value};
+use crate::common::{Bench, DataSet, PointWriter, R, Reader, System, Worker, value};
 
 pub struct Sqlite;
 
@@ -104,6 +104,14 @@ impl Reader for LogReader {
         Ok((n, bytes))
     }
 
+    fn get(&self, entity: u64, seq: u64) -> R<Option<Vec<u8>>> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT v FROM log WHERE id = ?1")?
+            .query_row(params![log_id(entity, seq)], |r| r.get(0))
+            .optional()?)
+    }
+
     fn close(self: Box<Self>) -> R<()> {
         self.conn.close().map_err(|(_, e)| e)?;
         Ok(())
@@ -168,5 +176,14 @@ impl System for Sqlite {
             .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
             .optional()?;
         Ok(Box::new(LogReader { conn }))
+    }
+
+    fn crash_writer(&self, dir: &Path) -> R<PointWriter> {
+        let conn = connect(&dir.join("db.sqlite"))?;
+        Ok(Box::new(move |entity, seq, record: &[u8]| {
+            conn.prepare_cached("INSERT INTO log (id, v) VALUES (?1, ?2)")?
+                .execute(params![log_id(entity, seq), record])?;
+            Ok(())
+        }))
     }
 }
