@@ -23,8 +23,10 @@ pub struct RecordAt {
     pub partition_hash: u64,
 }
 
-/// Every record of a segment's bytes, in order; panics unless they tile the file exactly.
+/// Every record of a segment's bytes, in order; panics unless they tile the file exactly, up to
+/// the zeros of its preallocated, never written end (see [`written_len`]).
 pub fn records(segment: &[u8]) -> Vec<RecordAt> {
+    let segment = &segment[..written_len(segment)];
     let mut at = SEGMENT_HEADER_LEN;
     let mut found = Vec::new();
     while at < segment.len() {
@@ -46,6 +48,25 @@ pub fn records(segment: &[u8]) -> Vec<RecordAt> {
     }
     assert_eq!(at, segment.len(), "records do not tile the segment");
     found
+}
+
+/// Where a segment's records end: the file is preallocated with zeros, so its written part
+/// ends where the first all-zero frame is followed by nothing but zeros. A segment that holds
+/// no records ends after its header.
+pub fn written_len(segment: &[u8]) -> usize {
+    let mut at = SEGMENT_HEADER_LEN.min(segment.len());
+    while at < segment.len() {
+        if segment[at..].iter().all(|&b| b == 0) {
+            return at;
+        }
+        let frame = &segment[at..(at + FRAME_LEN).min(segment.len())];
+        if frame.len() < FRAME_LEN {
+            return segment.len();
+        }
+        let body_len = u32::from_le_bytes(frame[4..8].try_into().unwrap()) as usize;
+        at += FRAME_LEN + body_len;
+    }
+    segment.len()
 }
 
 /// The partition hash frames carry (FNV-1a, 64-bit).

@@ -220,8 +220,8 @@ pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
     Ok(report)
 }
 
-/// The names of the partitions with a record in a segment, read through a bounded window.
-/// Fails on any damage.
+/// The names of the partitions with a record in a segment, read through a bounded window, up
+/// to the end of its records. Fails on any damage.
 fn partitions_in_segment(inner: &Inner, number: u32) -> Result<HashSet<Vec<u8>>> {
     let segment = inner.journal.segment(number)?;
     let io = |e| Error::io(format!("reading segment {number}"), e);
@@ -236,8 +236,16 @@ fn partitions_in_segment(inner: &Inner, number: u32) -> Result<HashSet<Vec<u8>>>
                 format!("damaged record at offset {at}"),
             )
         };
-        let frame = format::decode_frame(segment.seed, window.get(at, FRAME_LEN).map_err(io)?)
-            .ok_or_else(damaged)?;
+        let Some(frame) =
+            format::decode_frame(segment.seed, window.get(at, FRAME_LEN).map_err(io)?)
+        else {
+            // A sealed segment is trimmed to its records when the next one starts; should one
+            // still carry its preallocated zeros, its records end where they begin.
+            if at + window.zeros_from(at).map_err(io)? >= len {
+                break;
+            }
+            return Err(damaged());
+        };
         let body_at = at + FRAME_LEN as u64;
         let body_len = frame.body_len as u64;
         if body_at + body_len > len {

@@ -47,8 +47,15 @@ pub(super) fn sync_what_open_found(
         let io = |e| Error::io(format!("rewriting journal segment {number} at open"), e);
         let file = &*segment.file;
         let len = file.len().map_err(io)?;
+        // The tail's records end at the tail offset: the zeros of its preallocated end were
+        // never written, and writing them would only allocate blocks.
+        let end = if number == tail.tail_segment {
+            len.min(tail.tail_offset)
+        } else {
+            len
+        };
         rewrite(file, 0, SEGMENT_HEADER_LEN.min(len)).map_err(io)?;
-        rewrite(file, from.min(len), len).map_err(io)?;
+        rewrite(file, from.min(end), end).map_err(io)?;
         file.sync_data()
             .map_err(|e| Error::io(format!("syncing journal segment {number} at open"), e))?;
     }

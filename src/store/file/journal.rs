@@ -14,7 +14,7 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
@@ -53,9 +53,11 @@ pub struct Segment {
 }
 
 enum Chunk {
+    /// Seals segment `number - 1`, whose records end at `sealed_end`, and starts `number`.
     NewSegment {
         number: u32,
         salt: u64,
+        sealed_end: u64,
     },
     Bytes {
         segment: u32,
@@ -120,6 +122,12 @@ pub struct Journal {
     /// Recent sync duration in nanoseconds (an exponentially weighted average).
     sync_nanos: AtomicU64,
     segments: RwLock<BTreeMap<u32, Segment>>,
+    /// The tail segment when open found it shorter than `segment_bytes` (trimmed at close, cut
+    /// at a torn tail, or created by open): the first write sizes it. 0 when none. Only the
+    /// leader touches it.
+    unsized_tail: AtomicU32,
+    /// Whether this handle wrote to the journal (a close then trims the tail it sized).
+    wrote: AtomicBool,
     /// The bounded table of open segment files every [`Segment`] reads and writes through.
     files: Arc<SegmentFiles>,
     /// Held (shared) by a reader from taking a value's location out of an index until its read
@@ -167,14 +175,22 @@ pub fn new_salt() -> u64 {
     h.finish() | 1
 }
 
-/// Creates a segment file with its header, synced, and its directory entry synced.
-pub fn create_segment(vfs: &dyn Vfs, dir: &Path, number: u32, salt: u64) -> Result<Segment> {
+/// Creates a segment file of `size` bytes (zeros after the header; see [`preallocate`]) with
+/// its header, synced together with the size, and its directory entry synced.
+pub fn create_segment(
+    vfs: &dyn Vfs,
+    dir: &Path,
+    number: u32,
+    salt: u64,
+    size: u64,
+) -> Result<Segment> {
     let path = dir.join(segment_file_name(number));
     let file = vfs
         .open(&path, OpenMode::CreateNew)
         .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
     let header = format::encode_segment_header(number, salt);
-    file.write_all_at(&header, 0)
+    preallocate(&*file, size)
+        .and_then(|()| file.write_all_at(&header, 0))
         .and_then(|()| file.sync_data())
         .and_then(|()| vfs.sync_dir(dir))
         .map_err(|e| Error::io(format!("initialising {}", path.display()), e))?;
@@ -182,6 +198,17 @@ pub fn create_segment(vfs: &dyn Vfs, dir: &Path, number: u32, salt: u64) -> Resu
         file,
         seed: format::salt_seed(salt),
     })
+}
+
+/// Sizes a segment file to `size` bytes up front (`set_len`: the new space reads as zeros and
+/// holds no blocks until written), so that a later `fdatasync` after a write inside it has no
+/// new file size to commit. Never shrinks a file. An all-zero frame is invalid, so recovery
+/// reads the zeros as the end of the segment's records.
+pub fn preallocate(file: &dyn VfsFile, size: u64) -> std::io::Result<()> {
+    if file.len()? < size {
+        file.set_len(size)?;
+    }
+    Ok(())
 }
 
 impl Journal {
@@ -194,6 +221,10 @@ impl Journal {
         files: Arc<SegmentFiles>,
     ) -> Self {
         let next_lsn = tail.next_lsn;
+        let unsized_tail = match tail.segments.get(&tail.tail_segment).map(|s| s.file.len()) {
+            Some(Ok(len)) if len >= segment_bytes => 0,
+            _ => tail.tail_segment,
+        };
         // Every segment is reached through the table, whatever handle recovery used.
         let segments = tail
             .segments
@@ -231,6 +262,8 @@ impl Journal {
             gathering: AtomicBool::new(false),
             sync_nanos: AtomicU64::new(0),
             segments: RwLock::new(segments),
+            unsized_tail: AtomicU32::new(unsized_tail),
+            wrote: AtomicBool::new(false),
             files,
             readers: RwLock::new(()),
             counters: JournalCounters::default(),
@@ -292,12 +325,17 @@ impl Journal {
             return Err(Error::Closed);
         }
         if st.tail_offset + record_len > self.segment_bytes && st.tail_offset > SEGMENT_HEADER_LEN {
+            let sealed_end = st.tail_offset;
             st.tail_segment += 1;
             let salt = new_salt();
             st.tail_seed = format::salt_seed(salt);
             st.tail_offset = SEGMENT_HEADER_LEN;
             let number = st.tail_segment;
-            st.queue.push(Chunk::NewSegment { number, salt });
+            st.queue.push(Chunk::NewSegment {
+                number,
+                salt,
+                sealed_end,
+            });
         }
         let lsn = st.next_lsn;
         st.next_lsn += 1;
@@ -441,17 +479,34 @@ impl Journal {
         }
     }
 
-    /// Writes the queued chunks in order. Before a new segment starts, every segment written
+    /// Writes the queued chunks in order. Before a new segment starts, the segment it seals is
+    /// trimmed to its records (its unused preallocated end dropped) and every segment written
     /// but not yet synced is synced, whatever the policy, so a sealed segment is always whole on
-    /// disk. With `sync`, everything is synced at the end. Returns the segments left unsynced.
+    /// disk and ends where its records end. With `sync`, everything is synced at the end.
+    /// Returns the segments left unsynced.
     fn write_queue(&self, queue: Vec<Chunk>, mut dirty: Vec<u32>, sync: bool) -> Result<Vec<u32>> {
         for chunk in queue {
             match chunk {
-                Chunk::NewSegment { number, salt } => {
+                Chunk::NewSegment {
+                    number,
+                    salt,
+                    sealed_end,
+                } => {
+                    let sealed = number - 1;
+                    let file = self.segment(sealed)?.file;
+                    let trim = |e| Error::io(format!("trimming journal segment {sealed}"), e);
+                    if file.len().map_err(trim)? > sealed_end {
+                        file.set_len(sealed_end).map_err(trim)?;
+                        if !dirty.contains(&sealed) {
+                            dirty.push(sealed);
+                        }
+                    }
                     for n in dirty.drain(..) {
                         self.sync_segment(n)?;
                     }
-                    let segment = create_segment(&*self.vfs, &self.dir, number, salt)?;
+                    let segment =
+                        create_segment(&*self.vfs, &self.dir, number, salt, self.segment_bytes)?;
+                    self.unsized_tail.store(0, Ordering::Relaxed);
                     self.files.adopt(number, segment.file);
                     let file = self.files.file(number);
                     self.segments.write().insert(
@@ -468,6 +523,13 @@ impl Journal {
                     bytes,
                 } => {
                     let file = self.segment(segment)?.file;
+                    if self.unsized_tail.load(Ordering::Relaxed) == segment {
+                        preallocate(&*file, self.segment_bytes).map_err(|e| {
+                            Error::io(format!("preallocating journal segment {segment}"), e)
+                        })?;
+                        self.unsized_tail.store(0, Ordering::Relaxed);
+                    }
+                    self.wrote.store(true, Ordering::Relaxed);
                     file.write_all_at(&bytes, offset)
                         .map_err(|e| Error::io(format!("writing journal segment {segment}"), e))?;
                     if !dirty.contains(&segment) {
@@ -613,6 +675,28 @@ impl Journal {
     /// Refuses every later append with `Closed`; what was appended before can still be synced.
     pub fn seal(&self) {
         self.state.lock().sealed = true;
+    }
+
+    /// At close, after [`Journal::seal`]: syncs everything, then trims the tail segment this
+    /// handle wrote to its records (the next open then has no preallocated zeros to read, and
+    /// its first write sizes the segment again). A failure leaves a longer file, nothing worse.
+    pub fn trim_tail(&self) -> Result<()> {
+        if !self.wrote.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.sync_all()?;
+        let (segment, end) = {
+            let st = self.state.lock();
+            (st.tail_segment, st.tail_offset)
+        };
+        let file = self.segment(segment)?.file;
+        let io = |e| Error::io(format!("trimming journal segment {segment}"), e);
+        if file.len().map_err(io)? > end {
+            file.set_len(end)
+                .and_then(|()| file.sync_data())
+                .map_err(io)?;
+        }
+        Ok(())
     }
 
     /// The segment appends currently go to.

@@ -74,6 +74,10 @@ pub struct DamagedSegment {
 pub struct Segments {
     pub live: BTreeMap<u32, Segment>,
     pub damaged: BTreeMap<u32, DamagedSegment>,
+    /// Whether the scan checks that the rest of a segment is zeros before it takes an all-zero
+    /// frame as the end of its records (always, except for the negative control
+    /// `SkipSync::ZeroEndCheck`).
+    pub zero_end_check: bool,
 }
 
 impl Segments {
@@ -176,27 +180,47 @@ pub fn open_segments_with(
         );
         damaged.insert(number, DamagedSegment { reason });
     }
-    Ok(Segments { live, damaged })
+    Ok(Segments {
+        live,
+        damaged,
+        zero_end_check: true,
+    })
 }
 
 /// Whether nothing after a segment header could be a record: no bytes, or only zeros (an
-/// all-zero frame is invalid).
+/// all-zero frame is invalid; a segment is preallocated with zeros before its header is
+/// written).
 fn holds_nothing(file: &dyn VfsFile, len: u64) -> Result<bool> {
     if len <= SEGMENT_HEADER_LEN {
         return Ok(true);
     }
-    let mut at = SEGMENT_HEADER_LEN;
-    let mut buf = vec![0u8; 1 << 16];
-    while at < len {
-        let n = ((len - at) as usize).min(buf.len());
-        file.read_exact_at(&mut buf[..n], at)
-            .map_err(|e| Error::io("reading a journal segment", e))?;
-        if buf[..n].iter().any(|&b| b != 0) {
-            return Ok(false);
+    let mut w = Window::new(file, len);
+    let zeros = w
+        .zeros_from(SEGMENT_HEADER_LEN)
+        .map_err(|e| Error::io("reading a journal segment", e))?;
+    Ok(SEGMENT_HEADER_LEN + zeros == len)
+}
+
+/// Whether everything from `at` to the end of the segment is zeros: the preallocated space
+/// nothing was written to, where the segment's records end. Checked a buffer at a time.
+fn zeros_to_end(w: &mut Window, at: u64) -> io::Result<bool> {
+    Ok(at + w.zeros_from(at)? >= w.len())
+}
+
+/// Where the written bytes from `from` on end: just past the last non-zero byte (the
+/// preallocated zeros after it were never written).
+fn written_end(w: &mut Window, from: u64) -> io::Result<u64> {
+    let (mut at, mut end) = (from, from);
+    while at < w.len() {
+        at += w.zeros_from(at)?;
+        if at >= w.len() {
+            break;
         }
-        at += n as u64;
+        let bytes = w.get(at, 4096)?;
+        at += bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len()) as u64;
+        end = at;
     }
-    Ok(true)
+    Ok(end)
 }
 
 enum Probe {
@@ -240,6 +264,13 @@ fn find_valid(
     while at + FRAME_LEN as u64 <= w.len() {
         // Cheap filter before the checksum: the LSN field must be plausible.
         let f = w.get(at, FRAME_LEN)?;
+        if f[..8].iter().all(|&b| b == 0) {
+            // No frame starts where its length field (bytes 4..8) would be zero: skip a run
+            // of zeros (unwritten, preallocated space) at once, not byte by byte.
+            let zeros = w.zeros_from(at)?;
+            at = (at + zeros).saturating_sub(7).max(at + 1);
+            continue;
+        }
         let lsn = u64::from_le_bytes(f[9..17].try_into().unwrap());
         if after_lsn.is_none_or(|after| lsn > after && lsn - after < (1 << 32))
             && let Probe::Valid(frame, ..) = probe(w, at, seed)?
@@ -304,6 +335,7 @@ pub fn scan(
     let Segments {
         live: mut segments,
         damaged,
+        zero_end_check,
     } = segments;
     let mut ranges = Ranges::default();
     let mut records = Vec::new();
@@ -320,17 +352,19 @@ pub fn scan(
     // Where the last valid record ended: a damaged range starts there.
     let mut last_end = loc(start_segment, start_offset);
     let mut previous = start_segment.saturating_sub(1);
-    let lens: HashMap<u32, u64> = segments
+    // Where each segment's written data ends: its length, or where the zeros of its
+    // preallocated, never written end begin.
+    let mut data_ends: HashMap<u32, u64> = segments
         .iter()
         .map(|(&n, s)| (n, s.file.len().unwrap_or(0)))
         .collect();
     // A record ending at `end` ends exactly where `to` begins, or at the end of the journal.
-    let ends_at = |end: Loc, to: Option<Loc>| {
+    let ends_at = |data_ends: &HashMap<u32, u64>, end: Loc, to: Option<Loc>| {
         let seg = loc_segment(end);
-        let at_file_end = lens.get(&seg) == Some(&loc_offset(end));
+        let at_data_end = data_ends.get(&seg) == Some(&loc_offset(end));
         match to {
-            Some(to) => end == to || (at_file_end && to == loc(seg + 1, SEGMENT_HEADER_LEN)),
-            None => at_file_end && numbers.last() == Some(&seg),
+            Some(to) => end == to || (at_data_end && to == loc(seg + 1, SEGMENT_HEADER_LEN)),
+            None => at_data_end && numbers.last() == Some(&seg),
         }
     };
 
@@ -446,7 +480,9 @@ pub fn scan(
                         });
                     }
                 }
-                ranges.close(Some((here, frame.lsn)), |end| ends_at(end, Some(here)));
+                ranges.close(Some((here, frame.lsn)), |end| {
+                    ends_at(&data_ends, end, Some(here))
+                });
                 ranges.judge(&name, frame.partition_hash, frame.kind, prev);
                 heads.insert(name.into_boxed_slice(), here);
                 expected = Some(frame.lsn + 1);
@@ -455,6 +491,18 @@ pub fn scan(
                 bytes_scanned += record_len;
                 records_scanned += 1;
                 continue;
+            }
+            // Nothing but zeros from here to the end: preallocated space nothing was written
+            // to, so the segment's records end here. Not a torn tail, not damage (a record
+            // lost from the end of a sealed segment shows as a gap in LSNs at the next one).
+            let ends_here = if zero_end_check {
+                zeros_to_end(&mut w, at)
+            } else {
+                w.get(at, FRAME_LEN).map(|f| f.iter().all(|&b| b == 0))
+            };
+            if ends_here.map_err(read)? {
+                data_ends.insert(number, at);
+                break;
             }
             let after = expected.map(|e| e.saturating_sub(1));
             let next = find_valid(&mut w, at + 1, segment.seed, after).map_err(read)?;
@@ -466,7 +514,8 @@ pub fn scan(
                 (None, _) => false,
             };
             if is_last && !durable_damage {
-                let dropped = len - at;
+                // The preallocated zeros after the written bytes are not counted as dropped.
+                let dropped = written_end(&mut w, at).map_err(read)? - at;
                 log::warn!(
                     "journal segment {number}: torn tail at offset {at}, truncating {dropped} bytes of unacknowledged writes"
                 );
@@ -530,7 +579,7 @@ pub fn scan(
         ranges.open(last_end, expected, cause);
     }
     let open_at_end = ranges.open.is_some();
-    ranges.close(None, |end| ends_at(end, None));
+    ranges.close(None, |end| ends_at(&data_ends, end, None));
     // Every partition not judged against every unattributed range may have lost records there.
     if let Some(&from) = ranges.starts.first() {
         let mut judge = |name: &[u8]| {
@@ -570,7 +619,8 @@ pub fn scan(
         (Some(n), Some((&l, s))) if n == l => (l, s.seed, end_of_tail.max(SEGMENT_HEADER_LEN)),
         _ => {
             let number = newest.map_or(1, |n| n + 1);
-            let s = create_segment(vfs, journal_dir, number, new_salt())?;
+            // Sized by the journal's first write into it.
+            let s = create_segment(vfs, journal_dir, number, new_salt(), 0)?;
             let seed = s.seed;
             segments.insert(number, s);
             (number, seed, SEGMENT_HEADER_LEN)

@@ -67,6 +67,26 @@ impl<'a> Window<'a> {
         Ok(&self.buf[from..to])
     }
 
+    /// How many bytes from `at` on are zero (up to the end), checked a buffer at a time: the
+    /// unwritten, preallocated end of a segment is skipped at memory speed, never probed byte
+    /// by byte.
+    pub fn zeros_from(&mut self, at: u64) -> io::Result<u64> {
+        let mut pos = at;
+        while pos < self.len {
+            self.hold(pos)?;
+            let from = (pos - self.start) as usize;
+            let chunk = &self.buf[from..self.filled];
+            if chunk.is_empty() {
+                break;
+            }
+            match first_nonzero(chunk) {
+                Some(i) => return Ok(pos + i as u64 - at),
+                None => pos += chunk.len() as u64,
+            }
+        }
+        Ok(pos - at)
+    }
+
     /// The crc32c of the `n` bytes at `at`, read a buffer at a time; `None` if the file ends
     /// before them.
     pub fn crc(&mut self, at: u64, n: u64) -> io::Result<Option<u32>> {
@@ -87,6 +107,22 @@ impl<'a> Window<'a> {
         }
         Ok(Some(crc))
     }
+}
+
+/// The index of the first non-zero byte, comparing 16 bytes at a time.
+fn first_nonzero(bytes: &[u8]) -> Option<usize> {
+    let mut wide = bytes.chunks_exact(16);
+    let mut skipped = 0;
+    for chunk in wide.by_ref() {
+        if u128::from_ne_bytes(chunk.try_into().expect("16 bytes")) != 0 {
+            break;
+        }
+        skipped += 16;
+    }
+    bytes[skipped..]
+        .iter()
+        .position(|&b| b != 0)
+        .map(|i| skipped + i)
 }
 
 #[cfg(test)]
@@ -118,5 +154,23 @@ mod tests {
         let end = bytes.len() as u64;
         assert_eq!(w.get(end - 4, 37).unwrap(), &bytes[bytes.len() - 4..]);
         assert!(w.get(end, 37).unwrap().is_empty());
+    }
+
+    #[test]
+    fn measures_runs_of_zeros_across_refills() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let mut bytes = vec![0u8; 2 * WINDOW + 100];
+        bytes[7] = 1;
+        bytes[WINDOW + 33] = 2;
+        std::fs::write(&path, &bytes).unwrap();
+        let file = OsFs.open(&path, OpenMode::Read).unwrap();
+        let mut w = Window::new(&*file, bytes.len() as u64);
+        assert_eq!(w.zeros_from(0).unwrap(), 7);
+        assert_eq!(w.zeros_from(7).unwrap(), 0);
+        assert_eq!(w.zeros_from(8).unwrap(), WINDOW as u64 + 25);
+        let after = WINDOW as u64 + 34;
+        assert_eq!(w.zeros_from(after).unwrap(), bytes.len() as u64 - after);
+        assert_eq!(w.zeros_from(bytes.len() as u64).unwrap(), 0);
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! Most switches wrap the store's [`Vfs`]: a skipped sync returns `Ok` without syncing, exactly
 //! what a store that forgot the call would see. [`SkipSync::ScannedTail`] is checked by open.
-//! [`PinSwitch`] turns off a guard rather than a sync: the journal's reader pin.
+//! [`SkipSync::ZeroEndCheck`] is a check of open's scan, turned off through the segments open
+//! found. [`PinSwitch`] turns off a guard rather than a sync: the journal's reader pin.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -29,6 +30,11 @@ pub enum SkipSync {
     /// Open's rewrite and sync of the journal it scanned: what a crashed process (or a failed
     /// sync) left readable but not durable, which open must make durable before serving it.
     ScannedTail,
+    /// Not a sync but a check of open's scan: that everything from an all-zero frame to the
+    /// end of the segment is zeros before the scan takes the zeros as the end of the segment's
+    /// records (preallocated, never written space). Without it, valid records after zeros where
+    /// durable records were are dropped silently instead of reported as damage.
+    ZeroEndCheck,
 }
 
 /// A [`Vfs`] that skips the chosen syncs of the store in `dir`.
