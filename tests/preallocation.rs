@@ -327,3 +327,37 @@ fn compaction_reads_a_sealed_segment_to_the_end_of_its_records() {
     );
     assert!(tally.refused(&store).is_empty());
 }
+
+/// A segment larger than the preallocation step is sized a step at a time, never a whole
+/// segment ahead of its records: a lone commit still rarely commits a new file size (once per
+/// step), and open after a crash has at most about a step of unwritten space to read.
+#[test]
+fn a_large_segment_is_sized_one_step_ahead_of_its_records() {
+    const STEP: usize = 1 << 20;
+    let fs = FaultFs::new();
+    let store = builder(&fs).segment_bytes(8 << 20).open().unwrap();
+    let mut tally = Tally::default();
+    let mut sizes = Vec::new();
+    for i in 0..60 {
+        tally.put(&store, &format!("p{}", i % 3), 64 << 10);
+        let segs = segments(&fs);
+        assert_eq!(segs.len(), 1, "the workload fits one segment");
+        let bytes = fs.read_file(&segs[0]).unwrap();
+        let records_end = layout::written_len(&bytes);
+        assert!(
+            records_end < bytes.len(),
+            "commit {i}: no space sized ahead"
+        );
+        assert!(
+            bytes.len() - records_end <= STEP && bytes.len().is_multiple_of(STEP),
+            "commit {i}: sized to {} with records ending at {records_end}",
+            bytes.len()
+        );
+        if sizes.last() != Some(&bytes.len()) {
+            sizes.push(bytes.len());
+        }
+    }
+    // About 3.8 MiB of records: sized 4 times, one step each time.
+    assert_eq!(sizes, [1, 2, 3, 4].map(|m| m * STEP), "{sizes:?}");
+    store.close().unwrap();
+}
