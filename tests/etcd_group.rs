@@ -322,6 +322,20 @@ fn a_held_shared_copy_never_commits_after_its_batches_went_alone() {
     assert_eq!(version, 1);
 }
 
+/// Three batches of 50 puts each (50 operations, the marker slot and the registry key: 52 etcd
+/// operations), queued behind a gate: what each got, and how many batches the first and the
+/// last went with.
+fn wide_batches(store: &EtcdStore, gate: &Gate, p: &Partition) -> (Vec<Outcome>, usize, usize) {
+    let wide = |n: usize| (0..50).fold(Batch::new(), |b, i| b.put(format!("w{n}-{i:02}"), "x"));
+    let batches = [wide(0), wide(1), wide(2)];
+    let outcomes = queued(store, gate, p, &batches, || {});
+    (
+        outcomes,
+        gate.group_of(&batches[0]).len(),
+        gate.group_of(&batches[2]).len(),
+    )
+}
+
 /// S11: a shared transaction stays within etcd's limits (128 operations; the request size):
 /// batches that would take it over wait for the next one; a batch over the store's limits is
 /// still refused, never split. Every batch commits.
@@ -331,13 +345,11 @@ fn a_shared_transaction_keeps_within_etcds_limits() {
     let gate = Gate::new();
     let store = open(&etcd.endpoint(), &gate, |b| b);
     let p = part("limits");
-    // 50 puts each: 50 operations, the marker slot and the registry key; two fit in 128.
-    let wide = |n: usize| (0..50).fold(Batch::new(), |b, i| b.put(format!("w{n}-{i:02}"), "x"));
-    let batches = [wide(0), wide(1), wide(2)];
-    let outcomes = queued(&store, &gate, &p, &batches, || {});
-    assert_eq!(outcomes, vec![Outcome::Committed; 3]);
-    assert_eq!(gate.group_of(&batches[0]).len(), 2);
-    assert_eq!(gate.group_of(&batches[2]).len(), 1);
+    // Two fit in etcd's 128 operations, three do not.
+    assert_eq!(
+        wide_batches(&store, &gate, &p),
+        (vec![Outcome::Committed; 3], 2, 1)
+    );
     // 600 KB values: one such request is within etcd's 1.5 MiB, two are not.
     let gate = Gate::new();
     let store = open(&etcd.endpoint(), &gate, |b| b);
@@ -354,6 +366,25 @@ fn a_shared_transaction_keeps_within_etcds_limits() {
     let err = store.apply(&p, &over).unwrap_err();
     assert_eq!(err.code(), 2, "{err:?}");
     assert_eq!(store.get(&p, b"o00").unwrap(), None);
+}
+
+/// The negative control of `a_shared_transaction_keeps_within_etcds_limits`: with the limits
+/// ignored, the three wide batches share one transaction, which etcd refuses (too many
+/// operations); each batch is then sent alone and still commits, so only the wasted request
+/// shows.
+#[test]
+fn sharing_past_etcds_limits_is_refused_by_etcd() {
+    let etcd = EtcdServer::start();
+    let gate = Gate::new();
+    let store = open(&etcd.endpoint(), &gate, EtcdStoreBuilder::group_past_limits);
+    let p = part("limits");
+    assert_eq!(
+        wide_batches(&store, &gate, &p),
+        (vec![Outcome::Committed; 3], 3, 3)
+    );
+    for key in [b"w0-00", b"w1-49", b"w2-10"] {
+        assert_eq!(store.get(&p, key).unwrap(), Some(b"x".to_vec()));
+    }
 }
 
 /// S2, S11: threads applying claims and guarded increments at once through the default group

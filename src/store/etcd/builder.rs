@@ -37,6 +37,8 @@ pub struct EtcdStoreBuilder {
     group_hook: HookSlot,
     #[cfg(feature = "etcd-test-hooks")]
     group_overlapping: bool,
+    #[cfg(feature = "etcd-test-hooks")]
+    group_past_limits: bool,
 }
 
 impl EtcdStoreBuilder {
@@ -57,6 +59,8 @@ impl EtcdStoreBuilder {
             group_hook: HookSlot::default(),
             #[cfg(feature = "etcd-test-hooks")]
             group_overlapping: false,
+            #[cfg(feature = "etcd-test-hooks")]
+            group_past_limits: false,
         }
     }
 
@@ -139,6 +143,14 @@ impl EtcdStoreBuilder {
         self
     }
 
+    /// Test hook: batches share transactions past etcd's limits too (the negative control of
+    /// the group commit's limits).
+    #[cfg(feature = "etcd-test-hooks")]
+    pub fn group_past_limits(mut self) -> Self {
+        self.group_past_limits = true;
+        self
+    }
+
     /// Test hook: each attempt of a batch under a fresh commit marker, so a resend after a lost
     /// answer cannot see that an earlier copy committed (the negative control of the fault
     /// tests).
@@ -187,6 +199,7 @@ impl EtcdStoreBuilder {
                 {
                     group.hook = self.group_hook.0.clone();
                     group.group_overlapping = self.group_overlapping;
+                    group.group_past_limits = self.group_past_limits;
                 }
                 group
             }),

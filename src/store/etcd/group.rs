@@ -195,6 +195,9 @@ pub(crate) struct Grouper {
     /// The negative control: overlapping batches share transactions.
     #[cfg(feature = "etcd-test-hooks")]
     pub(crate) group_overlapping: bool,
+    /// The negative control of the limits: batches share transactions past etcd's limits.
+    #[cfg(feature = "etcd-test-hooks")]
+    pub(crate) group_past_limits: bool,
 }
 
 impl std::fmt::Debug for Grouper {
@@ -263,6 +266,8 @@ impl Grouper {
             hook: None,
             #[cfg(feature = "etcd-test-hooks")]
             group_overlapping: false,
+            #[cfg(feature = "etcd-test-hooks")]
+            group_past_limits: false,
         }
     }
 
@@ -385,9 +390,10 @@ impl Grouper {
         let mut i = 0;
         while i < q.waiting.len() {
             let candidate = &q.waiting[i].part;
-            let fits = compares + candidate.counts.0 <= self.max_txn_ops
-                && ops + candidate.counts.1 <= self.max_txn_ops
-                && bytes + candidate.body.len() <= self.max_body_bytes;
+            let fits = self.limits_ignored()
+                || (compares + candidate.counts.0 <= self.max_txn_ops
+                    && ops + candidate.counts.1 <= self.max_txn_ops
+                    && bytes + candidate.body.len() <= self.max_body_bytes);
             let apart = self.overlap_ignored()
                 || !std::iter::once(&lead.part)
                     .chain(group.iter().map(|e| &e.part))
@@ -402,6 +408,14 @@ impl Grouper {
             }
         }
         group
+    }
+
+    fn limits_ignored(&self) -> bool {
+        #[cfg(feature = "etcd-test-hooks")]
+        if self.group_past_limits {
+            return true;
+        }
+        false
     }
 
     fn overlap_ignored(&self) -> bool {
