@@ -23,8 +23,9 @@ const ROOT: &[u8] = b"group/";
 
 type Members = Vec<(Partition, Batch)>;
 
-/// The group hook of a test: records each transaction's batches, and holds a transaction with
-/// a batch of the partition `gate` until [`Gate::release`].
+/// The group hook of a test: records each transaction's batches, holds a transaction with a
+/// batch of the partition `gate` until [`Gate::release`], and panics in the sender of a shared
+/// transaction with a batch of the partition `stop`.
 #[derive(Default)]
 struct Gate {
     groups: Mutex<Vec<Members>>,
@@ -42,6 +43,9 @@ impl Gate {
         let gate = Arc::clone(gate);
         builder.on_group(move |members: &[(Partition, Batch)]| {
             gate.groups.lock().unwrap().push(members.to_vec());
+            if members.len() > 1 && members.iter().any(|(p, _)| p.as_bytes() == b"stop") {
+                panic!("the sender of a shared transaction stops");
+            }
             if members.iter().any(|(p, _)| p.as_bytes() == b"gate") {
                 let mut state = gate.state.lock().unwrap();
                 state.0 = true;
@@ -334,6 +338,34 @@ fn wide_batches(store: &EtcdStore, gate: &Gate, p: &Partition) -> (Vec<Outcome>,
         gate.group_of(&batches[0]).len(),
         gate.group_of(&batches[2]).len(),
     )
+}
+
+/// A sender that stops (unwinds) before its shared transaction is sent hands its place in
+/// flight on, and the batches it took resolve their fate alone, as after a lost answer: they
+/// commit once; the store goes on.
+#[test]
+fn a_sender_that_stops_leaves_its_batches_to_resolve_alone() {
+    let etcd = EtcdServer::start();
+    let raw = RawEtcd::new(&etcd.endpoint());
+    let gate = Gate::new();
+    let store = open(&etcd.endpoint(), &gate, |b| b);
+    let p = part("stop");
+    thread::scope(|s| {
+        let first = s.spawn(|| store.apply(&part("gate"), &Batch::new().put("g", "1")));
+        wait_until("the gate holds a transaction", || gate.holding());
+        let sender = s.spawn(|| store.apply(&p, &claim("a")));
+        wait_until("the batch waits", || store.waiting_batches() == 1);
+        let other = s.spawn(|| store.apply(&p, &claim("b")));
+        wait_until("the batch waits", || store.waiting_batches() == 2);
+        gate.release();
+        assert_eq!(first.join().unwrap().unwrap(), Outcome::Committed);
+        assert!(sender.join().is_err(), "the sender stopped");
+        assert_eq!(other.join().unwrap().unwrap(), Outcome::Committed);
+    });
+    assert_eq!(store.get(&p, b"a").unwrap(), None, "never sent");
+    let (_, version) = raw.get(&row_key(ROOT, b"stop", b"b")).unwrap();
+    assert_eq!(version, 1);
+    assert_eq!(store.apply(&p, &claim("c")).unwrap(), Outcome::Committed);
 }
 
 /// S11: a shared transaction stays within etcd's limits (128 operations; the request size):
