@@ -153,6 +153,7 @@ impl<M: StateMachine> Engine<M> {
         ));
         let owners_for_units = Arc::clone(&owners);
         let owners_for_deferrals = Arc::clone(&owners);
+        let owners_for_slots = Arc::clone(&owners);
         let restore_config = RestoreConfig {
             checkpoint_tail_bound: config.checkpoint_tail_bound,
             incarnation: incarnation.number,
@@ -161,6 +162,11 @@ impl<M: StateMachine> Engine<M> {
             }),
             defer_term: Arc::new(move |ns: &Namespace| {
                 owners_for_deferrals.serving(ns).map(|h| h.term)
+            }),
+            owes_repairs: Arc::new(move |ns: &Namespace| {
+                owners_for_slots
+                    .held(ns)
+                    .is_some_and(|h| !h.owed.is_empty())
             }),
         };
         let restorer = Arc::new(Restorer::new(
