@@ -439,40 +439,75 @@ fn r10_an_entity_with_an_unsettled_write_keeps_its_slot() {
     assert_eq!(payloads(&engine, &e).unwrap(), recs(&["a", "b", "c"]));
 }
 
-/// After an unclean restart the namespace owes a repair: each entity is repaired once, and a
-/// passivated entity keeps its slot, which records that its repair ran, so closing drops the
-/// owed repair and the next holder owes none. Negative control: with the guard off the slots
-/// leave, and the repair stays owed to the next holder.
+/// After an unclean restart the namespace owes a repair: each entity is repaired once, and its
+/// slot leaves the registry once passivated (its `\0repair` row records the repair), yet
+/// closing drops the owed repair since every entity had it, and the next holder owes none.
 #[test]
-fn r3_while_repairs_are_owed_a_passivated_entity_keeps_its_slot() {
-    for unguarded in [false, true] {
+fn r3_a_passivated_entity_leaves_the_registry_and_its_repair_still_counts() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    *machine.repair_records.lock() = recs(&["fix"]);
+    let ns = entity(0).namespace().clone();
+    crashed_with_two_entities(&machine, &store);
+    let engine = builder(&machine, &store).open().unwrap();
+    for i in 0..2 {
+        assert_eq!(payloads(&engine, &entity(i)).unwrap(), recs(&["x", "fix"]));
+        assert!(engine.passivate(&entity(i)).unwrap());
+    }
+    assert_eq!(slots(&engine), 0);
+    engine.close().unwrap();
+    let next = builder(&machine, &store).open().unwrap();
+    assert!(next.owed_repairs(&ns).unwrap().is_empty());
+    for i in 0..2 {
+        assert_eq!(payloads(&next, &entity(i)).unwrap(), recs(&["x", "fix"]));
+    }
+    assert_eq!(machine.repairs.lock().len(), 2, "repaired once per entity");
+}
+
+/// Entity 0 is repaired and passivated (no slot); entity 1 is never touched. Closing must keep
+/// the repair owed, so the next holder repairs entity 1. Negative control: counting entities
+/// without a slot as repaired unread drops the repair, and entity 1 is never repaired.
+#[test]
+fn r3_an_untouched_entity_keeps_the_repair_owed_to_the_next_holder() {
+    for assumed in [false, true] {
         let store = TestStore::new();
         let machine = Arc::new(TestMachine::default());
         *machine.repair_records.lock() = recs(&["fix"]);
         let ns = entity(0).namespace().clone();
-        crash({
-            let engine = builder(&machine, &store).open().unwrap();
-            for i in 0..2 {
-                engine.register(&entity(i)).unwrap();
-                engine.append(&entity(i), recs(&["x"])).unwrap();
-            }
-            engine
-        });
+        crashed_with_two_entities(&machine, &store);
         let engine = builder(&machine, &store).open().unwrap();
-        engine.set_retire_unguarded_for_test(unguarded);
-        for i in 0..2 {
-            assert_eq!(payloads(&engine, &entity(i)).unwrap(), recs(&["x", "fix"]));
-            assert!(engine.passivate(&entity(i)).unwrap());
-        }
-        assert_eq!(slots(&engine), if unguarded { 0 } else { 2 });
+        engine.set_repairs_assumed_for_test(assumed);
+        assert_eq!(payloads(&engine, &entity(0)).unwrap(), recs(&["x", "fix"]));
+        assert!(engine.passivate(&entity(0)).unwrap());
+        assert_eq!(slots(&engine), 0);
         engine.close().unwrap();
         let next = builder(&machine, &store).open().unwrap();
         let owed = next.owed_repairs(&ns).unwrap();
-        if unguarded {
-            assert!(!owed.is_empty(), "the control did not keep the repair owed");
+        let second = payloads(&next, &entity(1)).unwrap();
+        if assumed {
+            assert!(
+                owed.is_empty() && second == recs(&["x"]),
+                "the control did not drop the repair: owed {owed:?}, entity 1 {second:?}"
+            );
         } else {
-            assert!(owed.is_empty(), "{owed:?}");
+            assert!(!owed.is_empty());
+            assert_eq!(second, recs(&["x", "fix"]));
+            // Entity 0 is not repaired again: its row names the owed term.
+            assert_eq!(payloads(&next, &entity(0)).unwrap(), recs(&["x", "fix"]));
             assert_eq!(machine.repairs.lock().len(), 2, "repaired once per entity");
         }
     }
+}
+
+/// Two registered entities with one record each, written by an engine that then crashes (so
+/// the next holder of their namespace owes a repair).
+fn crashed_with_two_entities(machine: &Arc<TestMachine>, store: &Arc<TestStore>) {
+    crash({
+        let engine = builder(machine, store).open().unwrap();
+        for i in 0..2 {
+            engine.register(&entity(i)).unwrap();
+            engine.append(&entity(i), recs(&["x"])).unwrap();
+        }
+        engine
+    });
 }

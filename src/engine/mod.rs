@@ -163,11 +163,7 @@ impl<M: StateMachine> Engine<M> {
             defer_term: Arc::new(move |ns: &Namespace| {
                 owners_for_deferrals.serving(ns).map(|h| h.term)
             }),
-            owes_repairs: Arc::new(move |ns: &Namespace| {
-                owners_for_slots
-                    .held(ns)
-                    .is_some_and(|h| !h.owed.is_empty())
-            }),
+            owed_now: Arc::new(move |ns: &Namespace| owners_for_slots.held(ns).map(|h| h.owed)),
         };
         let restorer = Arc::new(Restorer::new(
             Arc::clone(&owned) as Arc<dyn Store>,

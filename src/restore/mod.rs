@@ -72,9 +72,9 @@ pub(crate) type OwedRepairs = Arc<dyn Fn(&Namespace) -> crate::Result<Arc<Vec<u6
 /// acceptance order. An error means the engine does not serve the namespace now.
 pub(crate) type DeferTerm = Arc<dyn Fn(&Namespace) -> crate::Result<u64> + Send + Sync>;
 
-/// Answers whether this engine serves a namespace now under a holding that owes unclean-restart
-/// repairs (SPEC R3, F11). Answers from memory; never adopts. `false` when it does not serve it.
-pub(crate) type OwesRepairs = Arc<dyn Fn(&Namespace) -> bool + Send + Sync>;
+/// The unclean-restart repairs owed under this engine's current holding of a namespace (SPEC
+/// R3, F11), from memory; never adopts. `None` when it does not serve the namespace now.
+pub(crate) type OwedNow = Arc<dyn Fn(&Namespace) -> Option<Arc<Vec<u64>>> + Send + Sync>;
 
 /// What the restore unit needs to know about this incarnation.
 #[derive(Clone)]
@@ -87,9 +87,9 @@ pub(crate) struct RestoreConfig {
     pub owed_repairs: OwedRepairs,
     /// The term deferred rows of an entity's namespace are keyed by; asked per deferral.
     pub defer_term: DeferTerm,
-    /// Whether this engine's current holding of a namespace owes repairs; asked before a
-    /// passivated entity's slot leaves the registry (it is kept while they are owed).
-    pub owes_repairs: OwesRepairs,
+    /// The repairs owed under the current holding of a namespace; asked when it is released,
+    /// to tell from their `\0repair` rows whether entities without a slot were repaired.
+    pub owed_now: OwedNow,
 }
 
 impl std::fmt::Debug for RestoreConfig {

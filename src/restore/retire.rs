@@ -17,21 +17,23 @@
 //! the gate); deferred rows, the log and the repair mark are in the store.
 //!
 //! What stays: a slot that is not pending (running, restored, contained with its named reason,
-//! damaged), one in use, and a passivated one while its namespace owes unclean-restart repairs
-//! under this holding: the slot remembers that the entity's unit (and repair) ran, which
-//! releasing the namespace needs to drop the owed repairs (`all_restored_in`).
+//! damaged) and one in use. That a passivated entity's unclean-restart repairs ran is not kept
+//! in memory: its `\0repair` row says so, and releasing the namespace reads it for entities
+//! without a slot ([`all_repaired_in`](Restorer::all_repaired_in)).
 //!
 //! Lock order: the map's write lock, then each candidate's gate mutex (a leaf), then its state
 //! with `try_lock` only (never waited for). Nothing here runs application code, and removed
 //! slots are dropped after the map's lock is released.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::gate::Phase;
+use super::keys;
 use super::machine::StateMachine;
 use super::registry::{Restorer, Slot};
-use crate::entity::EntityId;
+use crate::entity::{EntityId, Namespace};
 use crate::error::{Error, Result};
 
 /// References to a slot that is idle: the registry map's and the remover's own.
@@ -60,21 +62,10 @@ impl<M: StateMachine> Restorer<M> {
         }
         // Asked before the map's lock is taken (the owner table has locks of its own).
         let unguarded = self.residency.retire_unguarded.load(Ordering::Relaxed);
-        let remembered: Vec<bool> = slots
-            .iter()
-            .map(|s| {
-                !unguarded
-                    && s.life.was_passivated()
-                    && (self.config.owes_repairs)(s.entity.namespace())
-            })
-            .collect();
         let mut removed = Vec::new();
         {
             let mut map = self.slots.write();
-            for (slot, remembered) in slots.into_iter().zip(remembered) {
-                if remembered {
-                    continue;
-                }
+            for slot in slots {
                 let listed = map.get(&slot.entity).is_some_and(|s| Arc::ptr_eq(s, &slot));
                 if !listed || !idle(&slot, unguarded) {
                     continue;
@@ -100,8 +91,63 @@ impl<M: StateMachine> Restorer<M> {
         left
     }
 
+    /// Whether every registered entity of `ns` had its owed unclean-restart repairs done under
+    /// this holding, so releasing the namespace may drop them (SPEC R3, F11): restored here, or
+    /// passivated after its unit ran, or (an entity without a slot, or pending) its `\0repair`
+    /// row names the newest owed term. Rows are read only while repairs are owed, in name
+    /// order, and only until an entity is found not repaired. An error listing the entities
+    /// or reading a row answers `false`, so an owed repair is never dropped on a guess.
+    pub(crate) fn all_repaired_in(&self, ns: &Namespace) -> bool {
+        let Ok(partitions) = self.store.list_partitions(&EntityId::partition_prefix(ns)) else {
+            return false;
+        };
+        let newest_owed = (self.config.owed_now)(ns).and_then(|owed| owed.iter().max().copied());
+        let slots: HashMap<EntityId, Arc<Slot<M::State>>> = self.slots.read().clone();
+        partitions
+            .iter()
+            .filter_map(EntityId::from_partition)
+            .all(|e| match slots.get(&e) {
+                Some(s) => match *s.gate.lock() {
+                    Phase::Restored => true,
+                    // Its unit (and repair) ran under this holding (SPEC R10); or, never
+                    // restored here, its row tells.
+                    Phase::Pending { .. } => {
+                        s.life.was_passivated() || self.repaired_in_store(&e, newest_owed)
+                    }
+                    _ => false,
+                },
+                None => self.repaired_in_store(&e, newest_owed),
+            })
+    }
+
+    /// Whether `entity`'s `\0repair` row names `newest_owed` or a later term.
+    fn repaired_in_store(&self, entity: &EntityId, newest_owed: Option<u64>) -> bool {
+        let Some(newest) = newest_owed else {
+            // Nothing owed (or not served): nothing to tell from the rows.
+            return false;
+        };
+        if self.residency.repairs_assumed.load(Ordering::Relaxed) {
+            return true;
+        }
+        match self.store.get(&entity.partition(), &keys::repair_key()) {
+            Ok(Some(row)) => {
+                <[u8; 8]>::try_from(row.as_slice()).is_ok_and(|b| u64::from_be_bytes(b) >= newest)
+            }
+            _ => false,
+        }
+    }
+
+    /// Test-only negative control: an entity without a slot counts as repaired without its
+    /// row being read.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_repairs_assumed(&self, assumed: bool) {
+        self.residency
+            .repairs_assumed
+            .store(assumed, Ordering::Relaxed);
+    }
+
     /// Test-only negative control: remove slots whatever they hold (a toucher's or a waiter's
-    /// use, a deferral in flight, a containment, the memory of an owed repair done).
+    /// use, a deferral in flight, a containment).
     #[cfg(feature = "test-hooks")]
     pub(crate) fn set_retire_unguarded(&self, unguarded: bool) {
         self.residency
