@@ -44,6 +44,7 @@ fn r10_a_passivated_idle_entity_leaves_the_registry() {
     assert!(engine.containment(&entity(0)).unwrap().is_none());
     assert!(!engine.release(&entity(0)).unwrap());
     drop(engine.history(&entity(0), 1).unwrap());
+    assert!(!engine.verify_checkpoint(&entity(0)).unwrap());
     assert_eq!(slots(&engine), 0);
     for i in 0..5 {
         engine.append(&entity(i), recs(&["a"])).unwrap();
