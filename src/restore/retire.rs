@@ -1,10 +1,12 @@
-//! Slots leaving the registry (SPEC R1, R2, R10): an entity that is pending and that nobody is
+//! Slots leaving the registry (SPEC R1, R2, R3, R8, R10): an entity that is pending and that nobody is
 //! using costs what an untouched entity costs, nothing in the registry. Passivation makes an
 //! entity pending; this removes its slot, so the registry holds the entities in use and the
 //! resident ones, not every entity ever touched.
 //!
-//! Owns: the rule for when a slot may leave, the removal, the lookup that makes no slot, and
-//! the test-only switch that removes slots in use (a negative control).
+//! Owns: the rule for when a slot may leave, the removal, the lookup that makes no slot, the
+//! check at a namespace's release that every entity had its owed repairs (from the slots, or
+//! the `\0repair` rows of entities without one), and the test-only switches that disable the
+//! guards (negative controls).
 //!
 //! Exactly one restore per activation (R2) rests on every toucher of an entity meeting the same
 //! gate. A slot leaves only under the registry map's write lock, and only while the map's
@@ -60,14 +62,16 @@ impl<M: StateMachine> Restorer<M> {
         if slots.is_empty() {
             return 0;
         }
-        // Asked before the map's lock is taken (the owner table has locks of its own).
         let unguarded = self.residency.retire_unguarded.load(Ordering::Relaxed);
         let mut removed = Vec::new();
+        // Kept ones are dropped after the lock too (a reference may be the last one).
+        let mut kept = Vec::new();
         {
             let mut map = self.slots.write();
             for slot in slots {
                 let listed = map.get(&slot.entity).is_some_and(|s| Arc::ptr_eq(s, &slot));
                 if !listed || !idle(&slot, unguarded) {
+                    kept.push(slot);
                     continue;
                 }
                 if let Some(entry) = map.remove(&slot.entity) {
@@ -88,6 +92,7 @@ impl<M: StateMachine> Restorer<M> {
             .fetch_add(left as u64, Ordering::Relaxed);
         // Dropped with no lock held.
         drop(removed);
+        drop(kept);
         left
     }
 
