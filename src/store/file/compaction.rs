@@ -100,12 +100,19 @@ fn pick(inner: &Inner) -> Option<Pick> {
     if worth_compacting(inner) {
         return Some(Pick::All);
     }
-    let tail = inner.journal.tail_segment();
-    (!inner.scatter.due(tail).is_empty()).then_some(Pick::Scattered)
+    scattered_due(inner).then_some(Pick::Scattered)
 }
 
-/// Runs compactions on the rayon pool, one after another while one is due, unless one is
-/// already running.
+/// Whether a sealed segment is due because it is scattered (see `scatter`).
+fn scattered_due(inner: &Inner) -> bool {
+    let tail = inner.journal.tail_segment();
+    !inner.scatter.due(tail).is_empty()
+}
+
+/// Runs compactions on the rayon pool unless one is already running: what [`pick`] chooses,
+/// then the scattered segments for as long as any are due. (A compaction started by garbage
+/// is not repeated here: the estimate may stay high when the garbage is in segments no
+/// compaction takes, and the next commit asks again anyway.)
 pub(super) fn spawn(inner: &Arc<Inner>) {
     if inner.compaction_running.swap(true, Ordering::AcqRel) {
         return;
@@ -113,7 +120,8 @@ pub(super) fn spawn(inner: &Arc<Inner>) {
     inner.background.counts.lock().0 += 1;
     let inner = inner.clone();
     rayon::spawn(move || {
-        while let Some(what) = pick(&inner) {
+        let mut next = pick(&inner);
+        while let Some(what) = next {
             // A panic must not unwind out of a rayon task (it would abort the process).
             let outcome =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compact(&inner, what)));
@@ -129,12 +137,13 @@ pub(super) fn spawn(inner: &Arc<Inner>) {
                     break;
                 }
             }
+            next = scattered_due(&inner).then_some(Pick::Scattered);
         }
         inner.compaction_running.store(false, Ordering::Release);
         // A segment may have become due after the last look and before the flag was cleared,
         // when no commit came to start another run: look once more (counted before this run
         // counts as finished, so waiting for background compactions waits for it too).
-        if inner.config.auto_compact && inner.check_open().is_ok() && pick(&inner).is_some() {
+        if inner.config.auto_compact && inner.check_open().is_ok() && scattered_due(&inner) {
             spawn(&inner);
         }
         inner.background.counts.lock().1 += 1;
