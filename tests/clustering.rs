@@ -15,11 +15,12 @@ use common::disk::builder;
 use portcullis::store::{Batch, FaultFs, FileStoreBuilder, KeyRange, Partition, Store, SyncPolicy};
 
 const ENTITIES: u64 = 200;
-const RECORDS: u64 = 50;
+const RECORDS: u64 = 100;
 const SEGMENT_BYTES: u64 = 256 << 10;
-/// Reads of one history after the load, at most: its chain (a base and the batches after it)
-/// and its runs.
-const READS_PER_HISTORY: u64 = 10;
+/// Reads of one history after the load, at most on average: its base and runs, and one per
+/// record of the load's last part, which stays scattered (about a segment and a half of
+/// journal: 9 records of each history here).
+const READS_PER_HISTORY: u64 = 16;
 
 fn entity(e: u64) -> Partition {
     Partition::new(format!("entity/{e:05}")).unwrap()
@@ -90,7 +91,7 @@ fn reads_of_every_history(fs: &FaultFs) -> u64 {
     reads
 }
 
-/// A load in turns over 200 entities (about 50 segments) ends with every history readable in
+/// A load in turns over 200 entities (about 23 segments) ends with every history readable in
 /// a few reads, without any call to `compact`; with the scatter trigger switched off (the
 /// negative control) the same load takes about one read per record.
 #[test]
@@ -124,7 +125,7 @@ fn control_without_the_scatter_trigger_histories_stay_scattered() {
 /// journal written is at most `BOUND` times that of the same load without the trigger.
 #[test]
 fn a_store_written_in_runs_is_left_alone_and_copies_stay_bounded() {
-    const BOUND: u64 = 4;
+    const BOUND: u64 = 5;
     let (in_runs, started) = load(&FaultFs::new(), false, |b| b);
     assert_eq!(started, 0, "a store written in runs was compacted");
     let (plain, _) = load(&FaultFs::new(), true, |b| b.skip_scatter_trigger());

@@ -6,10 +6,10 @@
 //! it. The victims are every sealed segment (on demand, or when garbage outweighs live data)
 //! or only those `scatter` finds due. For every partition with a record in the victims,
 //! compaction copies the values that still live there to the journal's tail, in key order and
-//! adjacent (with the partition's newest other runs while each is no larger than what is
-//! gathered so far, so its history is a few runs of the journal: see `movers`), and writes a
-//! fresh base record; then it syncs, writes
-//! a heads snapshot past all of that, and only then deletes the victims. A crash between any
+//! adjacent (with the partition's other runs, smallest first, while each is no larger than
+//! what is gathered so far, so its history is a few runs of the journal: see `movers`), and
+//! writes a fresh base record; then it syncs, writes a heads snapshot past all of that, and
+//! only then deletes the victims. A crash between any
 //! two steps leaves extra data, never missing data. Writers of a partition wait only while that
 //! one partition is rewritten; readers wait only while compaction waits, before deleting, for
 //! the readers that took a location into a victim before it was moved (`Journal::pin`).
@@ -395,12 +395,13 @@ fn rewrite_partition(
 
 type Mover = (Box<[u8]>, ValueLoc);
 
-/// The values of a partition to copy, in key order: those in the victims, and with them the
-/// newest of its other runs (values one read takes together) for as long as each run is no
-/// more bytes than everything gathered so far. Every run gathered thus at least doubles in
-/// size, so a value is copied by gathering at most log2(partition bytes / its first run) times,
-/// and a partition keeps at most about log2 of that many runs, newest smallest: a history read
-/// is a few large reads. Returns them and the bytes of the values gathered from outside.
+/// The values of a partition to copy, in key order: those in the victims, and with them its
+/// other *runs* (values one read takes together: one segment, at most [`MERGE_GAP`] apart),
+/// smallest first, for as long as each is no more bytes than everything gathered so far.
+/// Every gathered run thus lands in one at least twice its size, so a value is copied by
+/// gathering at most log2(partition bytes / its first run) times, and the runs left are
+/// larger than all that was gathered: a history read is a few large reads. Returns them and
+/// the bytes of the values gathered from outside.
 fn movers(index: &partition::Index, victims: &HashSet<u32>) -> (Vec<Mover>, u64) {
     let mut inside = 0u64;
     let mut outside: Vec<&ValueLoc> = Vec::new();
@@ -411,39 +412,39 @@ fn movers(index: &partition::Index, victims: &HashSet<u32>) -> (Vec<Mover>, u64)
             outside.push(v);
         }
     }
-    // Every value outside the victims at or after this location is gathered.
-    let mut gather_from: Option<Loc> = None;
+    let mut gathered: HashSet<Loc> = HashSet::new();
     let mut total = inside;
     if inside > 0 {
-        outside.sort_unstable_by_key(|v| std::cmp::Reverse(v.at));
-        let mut i = 0;
-        while i < outside.len() {
-            // The run that ends with `outside[i]`, walking back through the journal.
-            let (mut j, mut run) = (i, outside[i].len as u64);
-            while let Some(older) = outside.get(j + 1) {
-                let newer = outside[j];
-                let joins = loc_segment(older.at) == loc_segment(newer.at)
-                    && newer.at <= older.at + older.len as u64 + MERGE_GAP;
-                if !joins {
-                    break;
+        outside.sort_unstable_by_key(|v| v.at);
+        // Runs as (bytes, first, last) indexes into `outside`.
+        let mut runs: Vec<(u64, usize, usize)> = Vec::new();
+        for (i, v) in outside.iter().enumerate() {
+            match runs.last_mut() {
+                Some((bytes, _, last))
+                    if {
+                        let prev = outside[*last];
+                        loc_segment(prev.at) == loc_segment(v.at)
+                            && v.at <= prev.at + prev.len as u64 + MERGE_GAP
+                    } =>
+                {
+                    *bytes += v.len as u64;
+                    *last = i;
                 }
-                run += older.len as u64;
-                j += 1;
+                _ => runs.push((v.len as u64, i, i)),
             }
-            if run > total {
+        }
+        runs.sort_unstable_by_key(|&(bytes, first, _)| (bytes, first));
+        for (bytes, first, last) in runs {
+            if bytes > total {
                 break;
             }
-            total += run;
-            gather_from = Some(outside[j].at);
-            i = j + 1;
+            total += bytes;
+            gathered.extend(outside[first..=last].iter().map(|v| v.at));
         }
     }
-    let moves = |v: &ValueLoc| {
-        victims.contains(&loc_segment(v.at)) || gather_from.is_some_and(|from| v.at >= from)
-    };
     let movers = index
         .iter()
-        .filter(|(_, v)| moves(v))
+        .filter(|(_, v)| victims.contains(&loc_segment(v.at)) || gathered.contains(&v.at))
         .map(|(k, v)| (k.clone(), *v))
         .collect();
     (movers, total - inside)
@@ -494,15 +495,17 @@ mod tests {
             .collect()
     }
 
-    /// The newest runs are gathered while each is no larger than what is gathered so far; an
-    /// older, larger run stays where it is.
+    /// Runs are gathered smallest first while each is no larger than what is gathered so far;
+    /// a larger run stays where it is.
     #[test]
-    fn runs_are_gathered_newest_first_while_no_larger_than_the_total() {
+    fn runs_are_gathered_smallest_first_while_no_larger_than_the_total() {
         let victims: HashSet<u32> = [5].into_iter().collect();
         let index = index(&[
-            // An old run of 400 bytes in segment 2, one of 100 in segment 3.
+            // An old run of 400 bytes in segment 2, a lone value far from it, one of 100 in
+            // segment 3.
             ("a", 2, 1000, 200),
             ("b", 2, 1200, 200),
+            ("g", 2, 900_000, 60),
             ("c", 3, 500, 100),
             // 150 bytes in the victim.
             ("d", 5, 100, 150),
@@ -511,9 +514,16 @@ mod tests {
             ("f", 7, 900_000, 50),
         ]);
         let (movers, gathered) = movers(&index, &victims);
-        // 150 + 50 + 50 = 250 >= 100: segment 3's run joins; 350 < 400: segment 2's does not.
-        assert_eq!(keys(&movers), vec!["c", "d", "e", "f"]);
-        assert_eq!(gathered, 200);
+        // 150, then 50, 50, 60 and 100 join (each no more than the total so far: 410); the
+        // run of 400 does too; nothing is left.
+        assert_eq!(keys(&movers), vec!["a", "b", "c", "d", "e", "f", "g"]);
+        assert_eq!(gathered, 660);
+        // With less in the victims the large run stays: 60, then 50, 50, 60, 100 (total 320).
+        let mut small = index.clone();
+        small.get_mut(&b"d"[..]).unwrap().len = 60;
+        let (moved, gathered) = super::movers(&small, &victims);
+        assert_eq!(keys(&moved), vec!["c", "d", "e", "f", "g"]);
+        assert_eq!(gathered, 260);
         // Nothing in the victims: nothing moves.
         let (movers, gathered) = movers_of_none(&index);
         assert!(movers.is_empty() && gathered == 0);
