@@ -1,12 +1,15 @@
-//! Compaction: reclaims overwritten, deleted and truncated data (SPEC S7).
+//! Compaction: reclaims overwritten, deleted and truncated data, and lays scattered histories
+//! out together (SPEC S7).
 //!
 //! A sealed segment (any but the one being appended to) can be deleted once no partition needs
 //! it: no live value lives in it and no chain since a partition's newest base passes through
-//! it. For every partition with a record in the victims, compaction copies the values that
-//! still live there to the journal's tail, in key order and adjacent (with the partition's
-//! other live values when those are no larger, so its whole history is one run of the journal:
-//! see `movers`), and writes a fresh base record; then it syncs, writes
-//! a heads snapshot past all of that, and only then deletes the victims. A crash between any
+//! it. The victims are every sealed segment (on demand, or when garbage outweighs live data)
+//! or only those `scatter` finds due. For every partition with a record in the victims,
+//! compaction copies the values that still live there to the journal's tail, in key order and
+//! adjacent (with the partition's other runs, smallest first, while each is no larger than
+//! what is gathered so far, so its history is a few runs of the journal: see `movers`), and
+//! writes a fresh base record; then it syncs, writes a heads snapshot past all of that, and
+//! only then deletes the victims. A crash between any
 //! two steps leaves extra data, never missing data. Writers of a partition wait only while that
 //! one partition is rewritten; readers wait only while compaction waits, before deleting, for
 //! the readers that took a location into a victim before it was moved (`Journal::pin`).
@@ -14,14 +17,15 @@
 //! does not grow with segment or partition size. See docs/DESIGN.md, "Compaction", for what is
 //! guaranteed and what is not.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Inner;
-use super::format::{self, FRAME_LEN, RecordKind, SEGMENT_HEADER_LEN, ValueLoc, loc_segment};
+use super::format::{self, FRAME_LEN, Loc, RecordKind, SEGMENT_HEADER_LEN, ValueLoc, loc_segment};
 use super::journal::segment_file_name;
 use super::partition::{self, PartState};
+use super::values::MERGE_GAP;
 use super::window::Window;
 use crate::error::{Error, Result};
 use crate::store::{Op, Partition};
@@ -47,9 +51,6 @@ pub struct CompactionReport {
 
 /// Whether enough garbage has piled up to be worth a background compaction.
 pub(super) fn worth_compacting(inner: &Inner) -> bool {
-    if inner.compaction_running.load(Ordering::Acquire) {
-        return false;
-    }
     let garbage = inner.garbage_bytes.load(Ordering::Relaxed);
     if garbage < 2 * inner.config.segment_bytes {
         return false;
@@ -85,7 +86,33 @@ impl Background {
     }
 }
 
-/// Runs a compaction on the rayon pool unless one is already running.
+/// Which sealed segments a compaction takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pick {
+    /// Every sealed segment (on demand, or when garbage outweighs live data).
+    All,
+    /// Only the sealed segments that are scattered or half moved out (see `scatter`).
+    Scattered,
+}
+
+/// What a background compaction should take now, if anything.
+fn pick(inner: &Inner) -> Option<Pick> {
+    if worth_compacting(inner) {
+        return Some(Pick::All);
+    }
+    scattered_due(inner).then_some(Pick::Scattered)
+}
+
+/// Whether a sealed segment is due because it is scattered (see `scatter`).
+fn scattered_due(inner: &Inner) -> bool {
+    let tail = inner.journal.tail_segment();
+    !inner.scatter.due(tail).is_empty()
+}
+
+/// Runs compactions on the rayon pool unless one is already running: what [`pick`] chooses,
+/// then the scattered segments for as long as any are due. (A compaction started by garbage
+/// is not repeated here: the estimate may stay high when the garbage is in segments no
+/// compaction takes, and the next commit asks again anyway.)
 pub(super) fn spawn(inner: &Arc<Inner>) {
     if inner.compaction_running.swap(true, Ordering::AcqRel) {
         return;
@@ -93,30 +120,56 @@ pub(super) fn spawn(inner: &Arc<Inner>) {
     inner.background.counts.lock().0 += 1;
     let inner = inner.clone();
     rayon::spawn(move || {
-        // A panic must not unwind out of a rayon task (it would abort the process).
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compact(&inner)));
-        match outcome {
-            Ok(Ok(report)) => log::info!("background compaction: {report:?}"),
-            Ok(Err(e)) => log::warn!("background compaction failed: {e}"),
-            Err(_) => log::error!("background compaction panicked; it will be retried later"),
+        let mut next = pick(&inner);
+        while let Some(what) = next {
+            // A panic must not unwind out of a rayon task (it would abort the process).
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compact(&inner, what)));
+            match outcome {
+                Ok(Ok(report)) => log::info!("background compaction ({what:?}): {report:?}"),
+                Ok(Err(Error::Closed)) => break,
+                Ok(Err(e)) => {
+                    log::warn!("background compaction failed: {e}");
+                    break;
+                }
+                Err(_) => {
+                    log::error!("background compaction panicked; it will be retried later");
+                    break;
+                }
+            }
+            next = scattered_due(&inner).then_some(Pick::Scattered);
         }
         inner.compaction_running.store(false, Ordering::Release);
+        // A segment may have become due after the last look and before the flag was cleared,
+        // when no commit came to start another run: look once more (counted before this run
+        // counts as finished, so waiting for background compactions waits for it too).
+        if inner.config.auto_compact && inner.check_open().is_ok() && scattered_due(&inner) {
+            spawn(&inner);
+        }
         inner.background.counts.lock().1 += 1;
         inner.background.finished.notify_all();
     });
 }
 
-pub(super) fn compact(inner: &Inner) -> Result<CompactionReport> {
+pub(super) fn compact(inner: &Inner, what: Pick) -> Result<CompactionReport> {
     let _one_at_a_time = inner.compaction_lock.lock();
     // Close waits for this lock; a compaction must not start on a closed store.
     inner.check_open()?;
     let tail = inner.journal.tail_segment();
+    let due: HashSet<u32> = match what {
+        Pick::All => HashSet::new(),
+        Pick::Scattered => inner.scatter.due(tail).into_iter().collect(),
+    };
     let victims: Vec<u32> = inner
         .journal
         .live_segments()
         .into_iter()
-        .filter(|&n| n < tail)
+        .filter(|&n| n < tail && (what == Pick::All || due.contains(&n)))
         .collect();
+    // Taken: deleted below, or kept as evidence; either way not due again.
+    inner
+        .scatter
+        .forget(victims.iter().chain(due.iter()).copied());
     let mut report = CompactionReport::default();
     if victims.is_empty() {
         return Ok(report);
@@ -288,6 +341,15 @@ fn rewrite_partition(
         }
     };
     let (movers, gathered) = movers(&state.view.read().index, victims);
+    // Where the gathered values come from: their old copies are dead, which may make that
+    // segment due (see `scatter`).
+    let mut moved_out: HashMap<u32, u64> = HashMap::new();
+    for (_, v) in movers
+        .iter()
+        .filter(|(_, v)| !victims.contains(&loc_segment(v.at)))
+    {
+        *moved_out.entry(loc_segment(v.at)).or_default() += v.len as u64;
+    }
     let mut copied = 0u64;
     let mut moved: Vec<Mover> = Vec::with_capacity(movers.len());
     for chunk in chunk_by_bytes(&movers) {
@@ -323,6 +385,9 @@ fn rewrite_partition(
     }
     // The old copies of values gathered from outside the victims are garbage now.
     inner.garbage_bytes.fetch_add(gathered, Ordering::Relaxed);
+    for (segment, bytes) in moved_out {
+        inner.scatter.note_moved(segment, bytes);
+    }
     let view = parking_lot::RwLockWriteGuard::downgrade(view);
     inner.write_base(state, &mut commit, &view.index)?;
     Ok((copied, gathered))
@@ -330,26 +395,59 @@ fn rewrite_partition(
 
 type Mover = (Box<[u8]>, ValueLoc);
 
-/// The values of a partition to copy, in key order: those in the victims, and the others too
-/// when they are no more bytes than those (so the partition's live values end up adjacent and
-/// in key order, and a history read is a few large reads, while compaction copies at most
-/// twice what it must). Returns them and the bytes of the values gathered from outside.
+/// The values of a partition to copy, in key order: those in the victims, and with them its
+/// other *runs* (values one read takes together: one segment, at most [`MERGE_GAP`] apart),
+/// smallest first, for as long as each is no more bytes than everything gathered so far.
+/// Every gathered run thus lands in one at least twice its size, so a value is copied by
+/// gathering at most log2(partition bytes / its first run) times, and the runs left are
+/// larger than all that was gathered: a history read is a few large reads. Returns them and
+/// the bytes of the values gathered from outside.
 fn movers(index: &partition::Index, victims: &HashSet<u32>) -> (Vec<Mover>, u64) {
-    let (mut inside, mut outside) = (0u64, 0u64);
+    let mut inside = 0u64;
+    let mut outside: Vec<&ValueLoc> = Vec::new();
     for v in index.values() {
         if victims.contains(&loc_segment(v.at)) {
             inside += v.len as u64;
         } else {
-            outside += v.len as u64;
+            outside.push(v);
         }
     }
-    let gather = inside > 0 && outside <= inside;
+    let mut gathered: HashSet<Loc> = HashSet::new();
+    let mut total = inside;
+    if inside > 0 {
+        outside.sort_unstable_by_key(|v| v.at);
+        // Runs as (bytes, first, last) indexes into `outside`.
+        let mut runs: Vec<(u64, usize, usize)> = Vec::new();
+        for (i, v) in outside.iter().enumerate() {
+            match runs.last_mut() {
+                Some((bytes, _, last))
+                    if {
+                        let prev = outside[*last];
+                        loc_segment(prev.at) == loc_segment(v.at)
+                            && v.at <= prev.at + prev.len as u64 + MERGE_GAP
+                    } =>
+                {
+                    *bytes += v.len as u64;
+                    *last = i;
+                }
+                _ => runs.push((v.len as u64, i, i)),
+            }
+        }
+        runs.sort_unstable_by_key(|&(bytes, first, _)| (bytes, first));
+        for (bytes, first, last) in runs {
+            if bytes > total {
+                break;
+            }
+            total += bytes;
+            gathered.extend(outside[first..=last].iter().map(|v| v.at));
+        }
+    }
     let movers = index
         .iter()
-        .filter(|(_, v)| gather || victims.contains(&loc_segment(v.at)))
+        .filter(|(_, v)| victims.contains(&loc_segment(v.at)) || gathered.contains(&v.at))
         .map(|(k, v)| (k.clone(), *v))
         .collect();
-    (movers, if gather { outside } else { 0 })
+    (movers, total - inside)
 }
 
 fn chunk_by_bytes(entries: &[Mover]) -> Vec<&[Mover]> {
@@ -369,4 +467,69 @@ fn chunk_by_bytes(entries: &[Mover]) -> Vec<&[Mover]> {
         chunks.push(&entries[start..]);
     }
     chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::file::format::loc;
+
+    fn index(values: &[(&str, u32, u64, u32)]) -> partition::Index {
+        values
+            .iter()
+            .map(|&(k, segment, offset, len)| {
+                let v = ValueLoc {
+                    at: loc(segment, offset),
+                    len,
+                    crc: 0,
+                };
+                (Box::from(k.as_bytes()), v)
+            })
+            .collect()
+    }
+
+    fn keys(movers: &[Mover]) -> Vec<&str> {
+        movers
+            .iter()
+            .map(|(k, _)| std::str::from_utf8(k).unwrap())
+            .collect()
+    }
+
+    /// Runs are gathered smallest first while each is no larger than what is gathered so far;
+    /// a larger run stays where it is.
+    #[test]
+    fn runs_are_gathered_smallest_first_while_no_larger_than_the_total() {
+        let victims: HashSet<u32> = [5].into_iter().collect();
+        let index = index(&[
+            // An old run of 400 bytes in segment 2, a lone value far from it, one of 100 in
+            // segment 3.
+            ("a", 2, 1000, 200),
+            ("b", 2, 1200, 200),
+            ("g", 2, 900_000, 60),
+            ("c", 3, 500, 100),
+            // 150 bytes in the victim.
+            ("d", 5, 100, 150),
+            // Two lone values in segment 7, far apart: two runs of 50.
+            ("e", 7, 100, 50),
+            ("f", 7, 900_000, 50),
+        ]);
+        let (movers, gathered) = movers(&index, &victims);
+        // 150, then 50, 50, 60 and 100 join (each no more than the total so far: 410); the
+        // run of 400 does too; nothing is left.
+        assert_eq!(keys(&movers), vec!["a", "b", "c", "d", "e", "f", "g"]);
+        assert_eq!(gathered, 660);
+        // With less in the victims the large run stays: 60, then 50, 50, 60, 100 (total 320).
+        let mut small = index.clone();
+        small.get_mut(&b"d"[..]).unwrap().len = 60;
+        let (moved, gathered) = super::movers(&small, &victims);
+        assert_eq!(keys(&moved), vec!["c", "d", "e", "f", "g"]);
+        assert_eq!(gathered, 260);
+        // Nothing in the victims: nothing moves.
+        let (movers, gathered) = movers_of_none(&index);
+        assert!(movers.is_empty() && gathered == 0);
+    }
+
+    fn movers_of_none(index: &partition::Index) -> (Vec<Mover>, u64) {
+        movers(index, &[9].into_iter().collect())
+    }
 }

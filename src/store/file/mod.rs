@@ -25,6 +25,7 @@ mod journal;
 mod overlay;
 mod partition;
 mod recovery;
+mod scatter;
 mod segments;
 mod table;
 mod unload;
@@ -161,6 +162,8 @@ pub struct FileStoreBuilder {
     reader_pin: fault::skip::PinSwitch,
     #[cfg(feature = "fault-injection")]
     skip_value_checks: bool,
+    #[cfg(feature = "fault-injection")]
+    skip_scatter_trigger: bool,
 }
 
 /// Called with each batch's partition and journal sequence number once it is appended (tests
@@ -306,8 +309,9 @@ impl FileStoreBuilder {
         self
     }
 
-    /// Whether compaction starts by itself on the rayon pool when garbage outweighs live data
-    /// (default true).
+    /// Whether compaction starts by itself on the rayon pool when garbage outweighs live data,
+    /// or when sealed journal segments are scattered (histories appended in turns with other
+    /// partitions', which it then lays out together) (default true).
     ///
     /// # Examples
     ///
@@ -427,6 +431,15 @@ impl FileStoreBuilder {
         self
     }
 
+    /// Test only (feature `fault-injection`): compaction never starts because the journal is
+    /// scattered, only because of garbage, so a test can show that histories appended in
+    /// turns stay scattered without it (a negative control). Never use this outside a test.
+    #[cfg(feature = "fault-injection")]
+    pub fn skip_scatter_trigger(mut self) -> Self {
+        self.skip_scatter_trigger = true;
+        self
+    }
+
     /// Opens (creating if needed) the store.
     ///
     /// # Examples
@@ -487,6 +500,8 @@ struct Inner {
     compactions: AtomicU64,
     /// Estimated bytes of journal no longer reachable from any index.
     garbage_bytes: AtomicU64,
+    /// How scattered each segment sealed since open is (starts compaction by itself too).
+    scatter: scatter::Scatter,
     background: compaction::Background,
     /// Unloading idle indexes under `max_loaded_partitions` (SPEC S8).
     index_budget: unload::IndexBudget,
@@ -585,6 +600,8 @@ impl FileStore {
             reader_pin: Default::default(),
             #[cfg(feature = "fault-injection")]
             skip_value_checks: false,
+            #[cfg(feature = "fault-injection")]
+            skip_scatter_trigger: false,
         }
     }
 
@@ -771,6 +788,11 @@ impl FileStore {
             && report.journal_bytes_scanned == 0
             && report.torn_tail.is_none()
             && report.damaged.is_empty();
+        #[cfg(feature = "fault-injection")]
+        let scatter_off = config.skip_scatter_trigger;
+        #[cfg(not(feature = "fault-injection"))]
+        let scatter_off = false;
+        let scatter = scatter::Scatter::new(config.segment_bytes, scatter_off);
         let inner = Arc::new(Inner {
             config,
             journal,
@@ -795,6 +817,7 @@ impl FileStore {
             loaded: AtomicU64::new(0),
             compactions: AtomicU64::new(0),
             garbage_bytes: AtomicU64::new(garbage),
+            scatter,
             background: compaction::Background::default(),
             index_budget: unload::IndexBudget::default(),
             recent: values::RecentRecords::default(),
@@ -927,10 +950,11 @@ impl FileStore {
     /// ```
     pub fn compact(&self) -> Result<CompactionReport> {
         self.inner.check_open()?;
-        compaction::compact(&self.inner)
+        compaction::compact(&self.inner, compaction::Pick::All)
     }
 
-    /// Test hook: compactions started by themselves (garbage outweighing live data) since open.
+    /// Test hook: background compaction runs started by themselves (garbage outweighing live
+    /// data, or scattered segments) since open; one run may compact several times in a row.
     #[cfg(feature = "test-hooks")]
     pub fn background_compactions(&self) -> u64 {
         self.inner.background.started()
@@ -1282,7 +1306,9 @@ impl Inner {
         Ok(())
     }
 
-    fn after_commit(self: &Arc<Self>) {
+    /// Starts what is due in the background after a commit whose record went to `segment`
+    /// (every segment below it is sealed).
+    fn after_commit(self: &Arc<Self>, segment: u32) {
         let appended = self.journal.counters.bytes_appended.load(Ordering::Relaxed);
         let since = appended.saturating_sub(self.bytes_at_last_snapshot.load(Ordering::Relaxed));
         if since >= self.config.snapshot_every_bytes
@@ -1296,7 +1322,10 @@ impl Inner {
                 inner.snapshot_running.store(false, Ordering::Release);
             });
         }
-        if self.config.auto_compact && compaction::worth_compacting(self) {
+        if self.config.auto_compact
+            && !self.compaction_running.load(Ordering::Acquire)
+            && (self.scatter.maybe_due(segment) || compaction::worth_compacting(self))
+        {
             compaction::spawn(self);
         }
     }
@@ -1455,7 +1484,7 @@ impl Store for FileStore {
         }
         let state = inner.part(p, true)?.expect("created on demand");
         let mut intent = inner.journal.announce();
-        let lsn = {
+        let (lsn, segment) = {
             let mut commit = state.commit.lock();
             inner.load_locked(&state, &mut commit)?;
             let refused = {
@@ -1478,6 +1507,9 @@ impl Store for FileStore {
             let (lsn, at) = intent.append(RecordKind::Batch, state.hash, &body, |lsn, at| {
                 state.place_head(lsn, at)
             })?;
+            let record_len = (format::FRAME_LEN + body.len()) as u64;
+            let prev_end = state.last_end.swap(at + record_len, Ordering::Relaxed);
+            inner.scatter.note_commit(prev_end, at, record_len);
             let body_at = at + format::FRAME_LEN as u64;
             let mut offsets = value_offsets.into_iter();
             let ops = batch
@@ -1500,7 +1532,7 @@ impl Store for FileStore {
             commit.pending.push_back(Pending { lsn, ops });
             state.appended_lsn.store(lsn, Ordering::Release);
             commit.chain_len += 1;
-            lsn
+            (lsn, format::loc_segment(at))
         };
         #[cfg(feature = "fault-injection")]
         if let Some(observe) = &inner.config.append_observer {
@@ -1522,7 +1554,7 @@ impl Store for FileStore {
         }
         durable?;
         inner.batches.fetch_add(1, Ordering::Relaxed);
-        inner.after_commit();
+        inner.after_commit(segment);
         inner.unload_idle();
         Ok(Outcome::Committed)
     }

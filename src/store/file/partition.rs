@@ -27,6 +27,9 @@ pub struct PartState {
     pub head_lsn: AtomicU64,
     /// LSN of the newest batch appended for this partition.
     pub appended_lsn: AtomicU64,
+    /// Where the newest batch a commit appended for it ends (0: none since open); written
+    /// under `commit`, to tell whether the next one lies close after it (see `scatter`).
+    pub last_end: AtomicU64,
     /// LSN of the newest batch folded into the readers' view.
     pub folded_lsn: AtomicU64,
     /// The store's touch counter at this partition's last touch (dropping idle indexes).
@@ -96,6 +99,7 @@ impl PartState {
             head: AtomicU64::new(head),
             head_lsn: AtomicU64::new(0),
             appended_lsn: AtomicU64::new(0),
+            last_end: AtomicU64::new(0),
             folded_lsn: AtomicU64::new(0),
             last_touch: AtomicU64::new(0),
             warm: AtomicBool::new(false),
