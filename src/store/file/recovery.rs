@@ -35,6 +35,7 @@ use super::format::{
 };
 use super::heads::Pages;
 use super::journal::{JournalTail, Segment, create_segment, new_salt, parse_segment_file_name};
+use super::segments::seed_of;
 use super::vfs::{OpenMode, Vfs, VfsFile};
 use super::window::Window;
 use crate::error::{Error, Result};
@@ -74,16 +75,13 @@ pub struct DamagedSegment {
 pub struct Segments {
     pub live: BTreeMap<u32, Segment>,
     pub damaged: BTreeMap<u32, DamagedSegment>,
+    /// Sealed segments before the scan's start, listed but not opened: their headers are
+    /// checked on first use.
+    pub unchecked: Vec<u32>,
     /// Whether the scan checks that the rest of a segment is zeros before it takes an all-zero
     /// frame as the end of its records (always, except for the negative control
     /// `SkipSync::ZeroEndCheck`).
     pub zero_end_check: bool,
-}
-
-impl Segments {
-    pub fn is_empty(&self) -> bool {
-        self.live.is_empty() && self.damaged.is_empty()
-    }
 }
 
 /// The partitions the store knows before the scan: damage the scan cannot attribute may
@@ -106,8 +104,23 @@ pub struct ScanOutcome {
     pub records_scanned: u64,
 }
 
-/// Opens every segment in `journal_dir` and checks its header. A header that cannot be read
-/// is damage: the file is kept and listed, and open goes on (SPEC S4). Only the newest
+/// The numbers of the segment files in `journal_dir`, in order: one listing of the directory.
+pub fn list_segments(vfs: &dyn Vfs, journal_dir: &Path) -> Result<Vec<u32>> {
+    let names = vfs
+        .list(journal_dir)
+        .map_err(|e| Error::io(format!("listing {}", journal_dir.display()), e))?;
+    let mut numbers: Vec<u32> = names
+        .iter()
+        .filter_map(|n| parse_segment_file_name(n))
+        .collect();
+    numbers.sort_unstable();
+    Ok(numbers)
+}
+
+/// Opens the segments `numbers` (from [`list_segments`]) from `from` on, the ones the scan
+/// reads, and checks each one's header; older ones are left unopened, to be checked on first
+/// use (SPEC S5: open does not grow with the number of segments). A header that cannot be
+/// read is damage: the file is kept and listed, and open goes on (SPEC S4). Only the newest
 /// segment, when nothing after its header could be a record (a creation cut short), is
 /// removed. A newer format version is refused (SPEC S10).
 ///
@@ -117,19 +130,15 @@ pub struct ScanOutcome {
 pub fn open_segments_with(
     vfs: &dyn Vfs,
     journal_dir: &Path,
+    numbers: &[u32],
+    from: u32,
     keep: impl Fn(u32, Arc<dyn VfsFile>) -> Arc<dyn VfsFile>,
 ) -> Result<Segments> {
     let mut live = BTreeMap::new();
     let mut damaged = BTreeMap::new();
-    let names = vfs
-        .list(journal_dir)
-        .map_err(|e| Error::io(format!("listing {}", journal_dir.display()), e))?;
-    let numbers: Vec<u32> = names
-        .iter()
-        .filter_map(|n| parse_segment_file_name(n))
-        .collect();
     let last = numbers.iter().copied().max();
-    for number in numbers {
+    let unchecked: Vec<u32> = numbers.iter().copied().filter(|&n| n < from).collect();
+    for &number in numbers.iter().filter(|&&n| n >= from) {
         let path = journal_dir.join(super::journal::segment_file_name(number));
         let shown = path.display().to_string();
         let file = vfs
@@ -141,16 +150,8 @@ pub fn open_segments_with(
         let mut header = vec![0u8; len.min(SEGMENT_HEADER_LEN) as usize];
         file.read_exact_at(&mut header, 0)
             .map_err(|e| Error::io(format!("reading {shown}"), e))?;
-        let decoded = match format::decode_segment_header(&header, &shown) {
-            Ok((n, _)) if n != number => Err(Error::corrupt(
-                shown.clone(),
-                format!("the header names segment {n}"),
-            )),
-            other => other,
-        };
-        let reason = match decoded {
-            Ok((_, salt)) => {
-                let seed = format::salt_seed(salt);
+        let reason = match seed_of(&header, number, &shown) {
+            Ok(seed) => {
                 live.insert(
                     number,
                     Segment {
@@ -183,6 +184,7 @@ pub fn open_segments_with(
     Ok(Segments {
         live,
         damaged,
+        unchecked,
         zero_end_check: true,
     })
 }
@@ -335,6 +337,7 @@ pub fn scan(
     let Segments {
         live: mut segments,
         damaged,
+        unchecked,
         zero_end_check,
     } = segments;
     let mut ranges = Ranges::default();
@@ -343,7 +346,12 @@ pub fn scan(
     let mut expected = start_lsn;
     let mut bytes_scanned = 0u64;
     let mut records_scanned = 0u64;
-    let mut numbers: Vec<u32> = segments.keys().chain(damaged.keys()).copied().collect();
+    let mut numbers: Vec<u32> = segments
+        .keys()
+        .chain(damaged.keys())
+        .chain(&unchecked)
+        .copied()
+        .collect();
     numbers.sort_unstable();
     let last_live = segments.keys().next_back().copied();
     let first = numbers.first().copied().unwrap_or(1);
@@ -373,8 +381,8 @@ pub fn scan(
         let number = numbers[i];
         i += 1;
         if number < start_segment {
-            // Snapshotted history: loads and reads that need this segment refuse; nothing
-            // else does.
+            // Snapshotted history, not opened at all (its headers are checked on first use):
+            // loads and reads that need a damaged segment refuse; nothing else does.
             if let Some(d) = damaged.get(&number) {
                 records.push(DamagedRecord {
                     segment: number,
@@ -629,6 +637,8 @@ pub fn scan(
     Ok(ScanOutcome {
         tail: JournalTail {
             segments,
+            unchecked,
+            damaged: damaged.into_iter().map(|(n, d)| (n, d.reason)).collect(),
             tail_segment,
             tail_seed,
             tail_offset,

@@ -5,7 +5,8 @@
 //! Most switches wrap the store's [`Vfs`]: a skipped sync returns `Ok` without syncing, exactly
 //! what a store that forgot the call would see. [`SkipSync::ScannedTail`] is checked by open.
 //! [`SkipSync::ZeroEndCheck`] is a check of open's scan, turned off through the segments open
-//! found. [`PinSwitch`] turns off a guard rather than a sync: the journal's reader pin.
+//! found; [`SkipSync::ValueSegmentCheck`] is a check of a partition's load, turned off by the store.
+//! [`PinSwitch`] turns off a guard rather than a sync: the journal's reader pin.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -35,6 +36,11 @@ pub enum SkipSync {
     /// records (preallocated, never written space). Without it, valid records after zeros where
     /// durable records were are dropped silently instead of reported as damage.
     ZeroEndCheck,
+    /// Not a sync but a check of a partition's load: that every segment one of its values lives
+    /// in is there with an intact header (open reads only the headers of the segments it
+    /// scans). Without it, a partition with values in a damaged segment loads, and only the
+    /// reads of those values fail, while the partition is never refused.
+    ValueSegmentCheck,
 }
 
 /// A [`Vfs`] that skips the chosen syncs of the store in `dir`.
