@@ -700,16 +700,19 @@ impl FileStore {
         let files =
             segments::SegmentFiles::new(journal_dir.clone(), vfs.clone(), config.max_open_segments);
         // Only the segments the scan reads are opened here (from the snapshot's on; all of them
-        // for a rebuild), each with a handle closed at once; older ones are checked on first use.
-        // Later reads go through the bounded table, so no number of segments exhausts the file
-        // descriptors.
+        // for a rebuild); older ones are checked on first use. Every read goes through the
+        // bounded table, so no number of segments exhausts the file descriptors.
         #[allow(unused_mut)]
         let mut segments = recovery::open_segments_with(
             &*vfs,
             &journal_dir,
             &numbers,
             start.map_or(0, |(s, _, _)| s),
-            |number, _| files.file(number),
+            // The handle that read the header joins the table: the scan reads through it.
+            |number, file| {
+                files.adopt(number, file);
+                files.file(number)
+            },
         )?;
         #[cfg(feature = "fault-injection")]
         if config.skip_syncs.contains(&SkipSync::ZeroEndCheck) {
@@ -728,17 +731,24 @@ impl FileStore {
             &damage,
         )?;
         #[cfg(feature = "fault-injection")]
-        let skip_tail = config.skip_syncs.contains(&SkipSync::ScannedTail);
+        let (skip_tail, trust_anything) = (
+            config.skip_syncs.contains(&SkipSync::ScannedTail),
+            config.skip_syncs.contains(&SkipSync::FoundNothingCheck),
+        );
         #[cfg(not(feature = "fault-injection"))]
-        let skip_tail = false;
-        durability::sync_what_open_found(
-            &*vfs,
-            &dir,
-            &journal_dir,
-            &outcome.tail,
-            start.map(|(s, o, _)| (s, o)),
-            skip_tail,
-        )?;
+        let (skip_tail, trust_anything) = (false, false);
+        let scan_start = start.map(|(s, o, _)| (s, o));
+        // After a clean close there is nothing to make durable: no write, no sync.
+        if !(trust_anything || durability::found_nothing(&outcome, scan_start)) {
+            durability::sync_what_open_found(
+                &*vfs,
+                &dir,
+                &journal_dir,
+                &outcome.tail,
+                scan_start,
+                skip_tail,
+            )?;
+        }
         report.journal_bytes_scanned = outcome.bytes_scanned;
         report.records_scanned = outcome.records_scanned;
         report.torn_tail = outcome.torn_tail.clone();

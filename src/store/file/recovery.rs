@@ -78,6 +78,8 @@ pub struct Segments {
     /// Sealed segments before the scan's start, listed but not opened: their headers are
     /// checked on first use.
     pub unchecked: Vec<u32>,
+    /// Each live segment's length when its header was read, so the scan does not ask again.
+    pub lens: HashMap<u32, u64>,
     /// Whether the scan checks that the rest of a segment is zeros before it takes an all-zero
     /// frame as the end of its records (always, except for the negative control
     /// `SkipSync::ZeroEndCheck`).
@@ -136,6 +138,7 @@ pub fn open_segments_with(
 ) -> Result<Segments> {
     let mut live = BTreeMap::new();
     let mut damaged = BTreeMap::new();
+    let mut lens = HashMap::new();
     let last = numbers.iter().copied().max();
     let unchecked: Vec<u32> = numbers.iter().copied().filter(|&n| n < from).collect();
     for &number in numbers.iter().filter(|&&n| n >= from) {
@@ -152,6 +155,7 @@ pub fn open_segments_with(
             .map_err(|e| Error::io(format!("reading {shown}"), e))?;
         let reason = match seed_of(&header, number, &shown) {
             Ok(seed) => {
+                lens.insert(number, len);
                 live.insert(
                     number,
                     Segment {
@@ -185,6 +189,7 @@ pub fn open_segments_with(
         live,
         damaged,
         unchecked,
+        lens,
         zero_end_check: true,
     })
 }
@@ -338,6 +343,7 @@ pub fn scan(
         live: mut segments,
         damaged,
         unchecked,
+        lens,
         zero_end_check,
     } = segments;
     let mut ranges = Ranges::default();
@@ -362,10 +368,7 @@ pub fn scan(
     let mut previous = start_segment.saturating_sub(1);
     // Where each segment's written data ends: its length, or where the zeros of its
     // preallocated, never written end begin.
-    let mut data_ends: HashMap<u32, u64> = segments
-        .iter()
-        .map(|(&n, s)| (n, s.file.len().unwrap_or(0)))
-        .collect();
+    let mut data_ends: HashMap<u32, u64> = lens.clone();
     // A record ending at `end` ends exactly where `to` begins, or at the end of the journal.
     let ends_at = |data_ends: &HashMap<u32, u64>, end: Loc, to: Option<Loc>| {
         let seg = loc_segment(end);
@@ -441,10 +444,13 @@ pub fn scan(
         } else {
             SEGMENT_HEADER_LEN
         };
-        let len = segment
-            .file
-            .len()
-            .map_err(|e| Error::io(format!("sizing segment {number}"), e))?;
+        let len = match lens.get(&number) {
+            Some(&len) => len,
+            None => segment
+                .file
+                .len()
+                .map_err(|e| Error::io(format!("sizing segment {number}"), e))?,
+        };
         if number == start_segment && len < start_offset {
             let cause = format!(
                 "segment {number} is shorter than the heads snapshot's position {start_offset}"

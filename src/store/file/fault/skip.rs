@@ -5,7 +5,8 @@
 //! Most switches wrap the store's [`Vfs`]: a skipped sync returns `Ok` without syncing, exactly
 //! what a store that forgot the call would see. [`SkipSync::ScannedTail`] is checked by open.
 //! [`SkipSync::ZeroEndCheck`] is a check of open's scan, turned off through the segments open
-//! found; [`SkipSync::ValueSegmentCheck`] is a check of a partition's load, turned off by the store.
+//! found; [`SkipSync::ValueSegmentCheck`] (a check of a load) and [`SkipSync::FoundNothingCheck`]
+//! (open's check that it found nothing to sync) are turned off by the store.
 //! [`PinSwitch`] turns off a guard rather than a sync: the journal's reader pin.
 
 use std::collections::HashSet;
@@ -41,6 +42,10 @@ pub enum SkipSync {
     /// scans). Without it, a partition with values in a damaged segment loads, and only the
     /// reads of those values fail, while the partition is never refused.
     ValueSegmentCheck,
+    /// Open's check that it found nothing to make durable (a clean close) before it skips its
+    /// syncs: with this switch open skips them whatever it found, like a store that trusted
+    /// every reopen to follow a clean close.
+    FoundNothingCheck,
 }
 
 /// A [`Vfs`] that skips the chosen syncs of the store in `dir`.
