@@ -236,3 +236,39 @@ fn a_refused_sealed_header_does_not_stop_compaction_or_later_opens() {
     ));
     assert_others_work(&store);
 }
+
+/// When the segment the heads snapshot points into is lost with everything after it, the
+/// newest file left is a sealed segment open did not scan: appends go to a new segment numbered
+/// past the lost one, and no sealed segment is written to.
+#[test]
+fn after_the_snapshots_segment_is_lost_appends_touch_no_sealed_segment() {
+    let fs = written_after_keeper(true);
+    let mut all = segments(&fs);
+    let lost = all.pop().unwrap();
+    fs.remove(&lost).unwrap();
+    let sealed: Vec<_> = all.iter().map(|s| fs.read_file(s)).collect();
+
+    let store = builder(&fs).open().unwrap();
+    assert!(
+        !store.open_report().damaged.is_empty(),
+        "the loss is reported"
+    );
+    let fresh = Partition::new("fresh").unwrap();
+    let put = Batch::new().put(b"v".to_vec(), b"after the loss".to_vec());
+    // The loss is unattributed: an operator accepts it, and a new partition is written.
+    store.accept_unattributed_damage().unwrap();
+    assert!(store.apply(&fresh, &put).unwrap().is_committed());
+    store.close().unwrap();
+
+    let after: Vec<_> = all.iter().map(|s| fs.read_file(s)).collect();
+    assert!(sealed == after, "a sealed segment was written to");
+    assert!(
+        fs.read_file(&lost).is_none(),
+        "the lost segment's number was reused"
+    );
+    let store = builder(&fs).open().unwrap();
+    assert_eq!(
+        store.get(&fresh, b"v").unwrap().as_deref(),
+        Some(&b"after the loss"[..])
+    );
+}

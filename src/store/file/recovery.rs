@@ -631,8 +631,14 @@ pub fn scan(
     }
     let (tail_segment, tail_seed, tail_offset) = match (newest, segments.iter().next_back()) {
         (Some(n), Some((&l, s))) if n == l => (l, s.seed, end_of_tail.max(SEGMENT_HEADER_LEN)),
+        // Never a sealed segment older than the scan's start (when the segment the snapshot
+        // points into is lost, the newest file left is one of those), and never the number of
+        // a lost segment the snapshot's heads may point into.
         _ => {
-            let number = newest.map_or(1, |n| n + 1);
+            let number = match start {
+                Some(_) => newest.map_or(1, |n| n + 1).max(start_segment + 1),
+                None => newest.map_or(1, |n| n + 1),
+            };
             // Sized by the journal's first write into it.
             let s = create_segment(vfs, journal_dir, number, new_salt(), 0)?;
             let seed = s.seed;
