@@ -631,6 +631,19 @@ fn control_skipping_the_parent_directory_sync_is_caught() {
     );
 }
 
+/// Negative control: a reopen after a clean close syncs nothing, but only then; an open that
+/// skipped its syncs whatever it found would let a power cut after the reopen lose batches
+/// readers saw.
+#[test]
+fn control_skipping_open_syncs_whatever_open_found_is_caught() {
+    let skip = Some(SkipSync::FoundNothingCheck);
+    must_catch(
+        second_life_sweep(DEFAULT_LANE, FirstCrash::Kill, 1, skip),
+        LOST,
+        "no syncs at open after a killed writer",
+    );
+}
+
 /// Negative control: without syncing at open what a killed process left, a power cut after
 /// the reopen loses batches readers saw.
 #[test]

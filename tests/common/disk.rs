@@ -30,8 +30,29 @@ pub fn builder(fs: &FaultFs) -> FileStoreBuilder {
 /// A disk holding the workload's batches `1..=BATCHES`: closed cleanly (a heads snapshot covers
 /// everything) or left by a killed process (open must scan the journal).
 pub fn written(clean_close: bool) -> FaultFs {
+    written_with(clean_close, false)
+}
+
+/// The partition [`written_after_keeper`] writes first; its one row ([`KEPT`]) is never
+/// overwritten, so reading it needs the first segment.
+pub const KEEPER: &str = "keeper";
+/// The key and value of [`KEEPER`]'s row.
+pub const KEPT: (&[u8], &[u8]) = (b"kept", b"first");
+
+/// [`written`], after one row of [`KEEPER`] that lives in the first segment (a sealed segment
+/// older than the heads snapshot, which open does not read).
+pub fn written_after_keeper(clean_close: bool) -> FaultFs {
+    written_with(clean_close, true)
+}
+
+fn written_with(clean_close: bool, keeper: bool) -> FaultFs {
     let fs = FaultFs::new();
     let store = builder(&fs).open().unwrap();
+    if keeper {
+        let put = Batch::new().put(KEPT.0.to_vec(), KEPT.1.to_vec());
+        let p = Partition::new(KEEPER).unwrap();
+        assert!(store.apply(&p, &put).unwrap().is_committed());
+    }
     for n in 1..=BATCHES {
         assert!(
             store

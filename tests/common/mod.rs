@@ -17,5 +17,6 @@ pub mod logs;
 pub mod owners;
 pub mod rng;
 pub mod steps;
+pub mod traced;
 pub mod workload;
 pub mod world;

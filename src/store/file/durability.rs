@@ -24,8 +24,8 @@ use crate::error::{Error, Result};
 /// - the journal directory, the store directory and its parent: a segment or snapshot whose
 ///   directory entry was not yet synced.
 ///
-/// On a store closed cleanly this rewrites one 32-byte header and syncs four things with
-/// nothing to write. `skip_tail` (a negative control, tests only) leaves the journal as found.
+/// Not called when open found nothing to make durable ([`found_nothing`]: a store closed
+/// cleanly). `skip_tail` (a negative control, tests only) leaves the journal as found.
 pub(super) fn sync_what_open_found(
     vfs: &dyn Vfs,
     dir: &Path,
@@ -68,6 +68,34 @@ pub(super) fn sync_what_open_found(
             .map_err(|e| Error::io(format!("syncing {} at open", d.display()), e))?;
     }
     Ok(())
+}
+
+/// Whether open found nothing a killed process could have left readable but not durable, so
+/// [`sync_what_open_found`] has nothing to do: a heads snapshot was read, and the journal ends
+/// exactly at its position, in the segment it points into (no record, torn tail, damage or
+/// later segment after it; zeros of a preallocated end are not records).
+///
+/// Everything open then relies on was synced, successfully, before the manifest named that
+/// snapshot: a snapshot is written only after the journal is synced through its position, by a
+/// process none of whose syncs had failed (a failed sync is latched and refuses every later
+/// snapshot), and that segment's header and directory entry were synced when it was created,
+/// before any record went into it; so were the store's directories when they were created. A
+/// clean reopen therefore writes and syncs nothing. (The manifest's own rename may not be
+/// durable if its writer was killed inside the directory sync that follows it; losing it falls
+/// back to the previous manifest, whose snapshot the same durable journal extends.)
+pub(super) fn found_nothing(
+    outcome: &super::recovery::ScanOutcome,
+    scan_start: Option<(u32, u64)>,
+) -> bool {
+    let Some((segment, offset)) = scan_start else {
+        return false;
+    };
+    outcome.bytes_scanned == 0
+        && outcome.records.is_empty()
+        && outcome.torn_tail.is_none()
+        && outcome.damage.is_empty()
+        && outcome.tail.tail_segment == segment
+        && outcome.tail.tail_offset == offset
 }
 
 /// Writes bytes `from..to` of `file` over themselves, a bounded chunk at a time.

@@ -23,7 +23,7 @@ use super::format::{
     self, FRAME_LEN, Frame, Loc, RecordKind, SEGMENT_HEADER_LEN, ValueLoc, loc, loc_offset,
     loc_segment,
 };
-use super::segments::SegmentFiles;
+use super::segments::{Header, SegmentFiles, SegmentSet};
 use super::vfs::{OpenMode, Vfs, VfsFile};
 use crate::error::{Error, Result};
 
@@ -121,7 +121,8 @@ pub struct Journal {
     gathering: AtomicBool,
     /// Recent sync duration in nanoseconds (an exponentially weighted average).
     sync_nanos: AtomicU64,
-    segments: RwLock<BTreeMap<u32, Segment>>,
+    /// Every segment by number, each checked on first use (see [`SegmentSet`]).
+    segments: SegmentSet,
     /// How long the tail segment's file is known to be: a write that would end past it first
     /// sizes the file a step further ([`preallocation_target`]). 0 after open, so the first
     /// write sizes the tail; a rollover sets it to the new segment's size. Only the leader
@@ -144,7 +145,12 @@ pub struct Journal {
 
 /// Where recovery left the journal.
 pub struct JournalTail {
+    /// The segments recovery read (from the heads snapshot's position on).
     pub segments: BTreeMap<u32, Segment>,
+    /// Older segments, listed but not read: their headers are checked on first use.
+    pub unchecked: Vec<u32>,
+    /// Segments recovery found with a damaged header, and why.
+    pub damaged: BTreeMap<u32, String>,
     pub tail_segment: u32,
     pub tail_seed: u32,
     pub tail_offset: u64,
@@ -237,14 +243,18 @@ impl Journal {
     ) -> Self {
         let next_lsn = tail.next_lsn;
         // Every segment is reached through the table, whatever handle recovery used.
-        let segments = tail
+        let mut headers: BTreeMap<u32, Header> = tail
             .segments
             .into_iter()
-            .map(|(n, s)| {
-                let file = files.file(n);
-                (n, Segment { file, seed: s.seed })
-            })
+            .map(|(n, s)| (n, Header::Good(s.seed)))
             .collect();
+        headers.extend(tail.unchecked.into_iter().map(|n| (n, Header::Unchecked)));
+        headers.extend(
+            tail.damaged
+                .into_iter()
+                .map(|(n, r)| (n, Header::Damaged(r))),
+        );
+        let segments = SegmentSet::new(files.clone(), headers);
         Journal {
             dir,
             vfs,
@@ -272,7 +282,7 @@ impl Journal {
             gathered: Condvar::new(),
             gathering: AtomicBool::new(false),
             sync_nanos: AtomicU64::new(0),
-            segments: RwLock::new(segments),
+            segments,
             // Unknown until the first write, which sizes the tail a step past its end whatever
             // open found (a tail trimmed at close, cut at a torn tail or created by open).
             tail_sized: AtomicU64::new(0),
@@ -521,14 +531,7 @@ impl Journal {
                     let segment = create_segment(&*self.vfs, &self.dir, number, salt, size)?;
                     self.tail_sized.store(size, Ordering::Relaxed);
                     self.files.adopt(number, segment.file);
-                    let file = self.files.file(number);
-                    self.segments.write().insert(
-                        number,
-                        Segment {
-                            file,
-                            seed: segment.seed,
-                        },
-                    );
+                    self.segments.insert(number, segment.seed);
                 }
                 Chunk::Bytes {
                     segment,
@@ -580,13 +583,10 @@ impl Journal {
         Ok(())
     }
 
+    /// Segment `number`; its header is read on first use. `Corrupt` if the segment is missing
+    /// or its header is damaged (remembered: see [`SegmentSet::get`]).
     pub fn segment(&self, number: u32) -> Result<Segment> {
-        self.segments.read().get(&number).cloned().ok_or_else(|| {
-            Error::corrupt(
-                format!("journal segment {number}"),
-                "the segment file is missing, or its header is damaged",
-            )
-        })
+        self.segments.get(number)
     }
 
     /// Pins the segments readers may hold locations into: hold the guard from taking a value's
@@ -729,14 +729,14 @@ impl Journal {
         (st.tail_segment, st.tail_offset, st.next_lsn, out)
     }
 
+    /// Every segment that may hold records (not found damaged), checked or not.
     pub fn live_segments(&self) -> Vec<u32> {
-        self.segments.read().keys().copied().collect()
+        self.segments.live()
     }
 
     /// Removes a deleted segment from the live set and closes its file.
     pub fn retire_segment(&self, number: u32) {
-        self.segments.write().remove(&number);
-        self.files.forget(number);
+        self.segments.remove(number);
     }
 
     pub fn failed(&self) -> Option<String> {

@@ -123,7 +123,9 @@ pub struct OpenReport {
     pub partitions: u64,
     /// The torn tail that was truncated, if any.
     pub torn_tail: Option<TornTail>,
-    /// Damaged records and ranges this open found (SPEC S4).
+    /// Damaged records and ranges this open found in the journal it scanned (SPEC S4). Open
+    /// does not read older, sealed segments: damage there is found, refused and recorded by
+    /// the first load that needs it (see [`FileStore::damage`]).
     pub damaged: Vec<DamagedRecord>,
     /// Everything the store refuses after open: what this open found plus what earlier opens
     /// found and no operator has accepted (see [`FileStore::damage`]).
@@ -664,18 +666,8 @@ impl FileStore {
                 None
             }
         };
-        let files =
-            segments::SegmentFiles::new(journal_dir.clone(), vfs.clone(), config.max_open_segments);
-        // Each segment's header is read with a handle closed at once; later reads go through
-        // the bounded table, so no number of segments exhausts the file descriptors.
-        #[allow(unused_mut)]
-        let mut segments =
-            recovery::open_segments_with(&*vfs, &journal_dir, |number, _| files.file(number))?;
-        #[cfg(feature = "fault-injection")]
-        if config.skip_syncs.contains(&SkipSync::ZeroEndCheck) {
-            segments.zero_end_check = false;
-        }
-        let created = manifest.is_none() && segments.is_empty() && !report.rebuilt_by_full_scan;
+        let numbers = recovery::list_segments(&*vfs, &journal_dir)?;
+        let created = manifest.is_none() && numbers.is_empty() && !report.rebuilt_by_full_scan;
         report.created = created;
 
         let mut snapshot_name = None;
@@ -715,13 +707,34 @@ impl FileStore {
                 Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
                 Err(e) => rebuild(&mut report, format!("heads snapshot unusable ({e})")),
             },
-            None if !segments.is_empty() && !report.rebuilt_by_full_scan => rebuild(
+            None if !numbers.is_empty() && !report.rebuilt_by_full_scan => rebuild(
                 &mut report,
                 "no manifest or snapshot beside the journal".to_owned(),
             ),
             None => {}
         }
 
+        let files =
+            segments::SegmentFiles::new(journal_dir.clone(), vfs.clone(), config.max_open_segments);
+        // Only the segments the scan reads are opened here (from the snapshot's on; all of them
+        // for a rebuild); older ones are checked on first use. Every read goes through the
+        // bounded table, so no number of segments exhausts the file descriptors.
+        #[allow(unused_mut)]
+        let mut segments = recovery::open_segments_with(
+            &*vfs,
+            &journal_dir,
+            &numbers,
+            start.map_or(0, |(s, _, _)| s),
+            // The handle that read the header joins the table: the scan reads through it.
+            |number, file| {
+                files.adopt(number, file);
+                files.file(number)
+            },
+        )?;
+        #[cfg(feature = "fault-injection")]
+        if config.skip_syncs.contains(&SkipSync::ZeroEndCheck) {
+            segments.zero_end_check = false;
+        }
         let outcome = recovery::scan(
             &*vfs,
             &journal_dir,
@@ -735,17 +748,24 @@ impl FileStore {
             &damage,
         )?;
         #[cfg(feature = "fault-injection")]
-        let skip_tail = config.skip_syncs.contains(&SkipSync::ScannedTail);
+        let (skip_tail, trust_anything) = (
+            config.skip_syncs.contains(&SkipSync::ScannedTail),
+            config.skip_syncs.contains(&SkipSync::FoundNothingCheck),
+        );
         #[cfg(not(feature = "fault-injection"))]
-        let skip_tail = false;
-        durability::sync_what_open_found(
-            &*vfs,
-            &dir,
-            &journal_dir,
-            &outcome.tail,
-            start.map(|(s, o, _)| (s, o)),
-            skip_tail,
-        )?;
+        let (skip_tail, trust_anything) = (false, false);
+        let scan_start = start.map(|(s, o, _)| (s, o));
+        // After a clean close there is nothing to make durable: no write, no sync.
+        if !(trust_anything || durability::found_nothing(&outcome, scan_start)) {
+            durability::sync_what_open_found(
+                &*vfs,
+                &dir,
+                &journal_dir,
+                &outcome.tail,
+                scan_start,
+                skip_tail,
+            )?;
+        }
         report.journal_bytes_scanned = outcome.bytes_scanned;
         report.records_scanned = outcome.records_scanned;
         report.torn_tail = outcome.torn_tail.clone();
@@ -1033,12 +1053,20 @@ impl Inner {
             commit.load = Load::Corrupt(detail.clone());
             return Err(state.corrupt_error(&detail));
         }
-        match chain::load_index(
+        let loaded = chain::load_index(
             &self.journal,
             &self.recent,
             state,
             partition::head_of(state),
-        ) {
+        )
+        .and_then(|(index, chain_len)| {
+            // Every segment a value lives in must be there with an intact header: open
+            // checked only the ones it scanned, so a damaged one is found here, and refuses
+            // the partition like a damaged chain (SPEC S4).
+            self.check_value_segments(&index)?;
+            Ok((index, chain_len))
+        });
+        match loaded {
             Ok((index, chain_len)) => {
                 let mut view = state.view.write();
                 view.index = index;
@@ -1067,6 +1095,27 @@ impl Inner {
             }
             Err(other) => Err(other),
         }
+    }
+
+    /// Checks the header of every segment `index` has a value in (each one once per open:
+    /// see [`Journal::segment`]).
+    fn check_value_segments(&self, index: &partition::Index) -> Result<()> {
+        #[cfg(feature = "fault-injection")]
+        if self
+            .config
+            .skip_syncs
+            .contains(&SkipSync::ValueSegmentCheck)
+        {
+            return Ok(());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for v in index.values() {
+            let segment = self::format::loc_segment(v.at);
+            if seen.insert(segment) {
+                self.journal.segment(segment)?;
+            }
+        }
+        Ok(())
     }
 
     /// A partition ready for reading: loaded, with the batches already decided for it durable

@@ -35,6 +35,7 @@ use super::format::{
 };
 use super::heads::Pages;
 use super::journal::{JournalTail, Segment, create_segment, new_salt, parse_segment_file_name};
+use super::segments::seed_of;
 use super::vfs::{OpenMode, Vfs, VfsFile};
 use super::window::Window;
 use crate::error::{Error, Result};
@@ -74,16 +75,15 @@ pub struct DamagedSegment {
 pub struct Segments {
     pub live: BTreeMap<u32, Segment>,
     pub damaged: BTreeMap<u32, DamagedSegment>,
+    /// Sealed segments before the scan's start, listed but not opened: their headers are
+    /// checked on first use.
+    pub unchecked: Vec<u32>,
+    /// Each live segment's length when its header was read, so the scan does not ask again.
+    pub lens: HashMap<u32, u64>,
     /// Whether the scan checks that the rest of a segment is zeros before it takes an all-zero
     /// frame as the end of its records (always, except for the negative control
     /// `SkipSync::ZeroEndCheck`).
     pub zero_end_check: bool,
-}
-
-impl Segments {
-    pub fn is_empty(&self) -> bool {
-        self.live.is_empty() && self.damaged.is_empty()
-    }
 }
 
 /// The partitions the store knows before the scan: damage the scan cannot attribute may
@@ -106,8 +106,23 @@ pub struct ScanOutcome {
     pub records_scanned: u64,
 }
 
-/// Opens every segment in `journal_dir` and checks its header. A header that cannot be read
-/// is damage: the file is kept and listed, and open goes on (SPEC S4). Only the newest
+/// The numbers of the segment files in `journal_dir`, in order: one listing of the directory.
+pub fn list_segments(vfs: &dyn Vfs, journal_dir: &Path) -> Result<Vec<u32>> {
+    let names = vfs
+        .list(journal_dir)
+        .map_err(|e| Error::io(format!("listing {}", journal_dir.display()), e))?;
+    let mut numbers: Vec<u32> = names
+        .iter()
+        .filter_map(|n| parse_segment_file_name(n))
+        .collect();
+    numbers.sort_unstable();
+    Ok(numbers)
+}
+
+/// Opens the segments `numbers` (from [`list_segments`]) from `from` on, the ones the scan
+/// reads, and checks each one's header; older ones are left unopened, to be checked on first
+/// use (SPEC S5: open does not grow with the number of segments). A header that cannot be
+/// read is damage: the file is kept and listed, and open goes on (SPEC S4). Only the newest
 /// segment, when nothing after its header could be a record (a creation cut short), is
 /// removed. A newer format version is refused (SPEC S10).
 ///
@@ -117,19 +132,16 @@ pub struct ScanOutcome {
 pub fn open_segments_with(
     vfs: &dyn Vfs,
     journal_dir: &Path,
+    numbers: &[u32],
+    from: u32,
     keep: impl Fn(u32, Arc<dyn VfsFile>) -> Arc<dyn VfsFile>,
 ) -> Result<Segments> {
     let mut live = BTreeMap::new();
     let mut damaged = BTreeMap::new();
-    let names = vfs
-        .list(journal_dir)
-        .map_err(|e| Error::io(format!("listing {}", journal_dir.display()), e))?;
-    let numbers: Vec<u32> = names
-        .iter()
-        .filter_map(|n| parse_segment_file_name(n))
-        .collect();
+    let mut lens = HashMap::new();
     let last = numbers.iter().copied().max();
-    for number in numbers {
+    let unchecked: Vec<u32> = numbers.iter().copied().filter(|&n| n < from).collect();
+    for &number in numbers.iter().filter(|&&n| n >= from) {
         let path = journal_dir.join(super::journal::segment_file_name(number));
         let shown = path.display().to_string();
         let file = vfs
@@ -141,16 +153,9 @@ pub fn open_segments_with(
         let mut header = vec![0u8; len.min(SEGMENT_HEADER_LEN) as usize];
         file.read_exact_at(&mut header, 0)
             .map_err(|e| Error::io(format!("reading {shown}"), e))?;
-        let decoded = match format::decode_segment_header(&header, &shown) {
-            Ok((n, _)) if n != number => Err(Error::corrupt(
-                shown.clone(),
-                format!("the header names segment {n}"),
-            )),
-            other => other,
-        };
-        let reason = match decoded {
-            Ok((_, salt)) => {
-                let seed = format::salt_seed(salt);
+        let reason = match seed_of(&header, number, &shown) {
+            Ok(seed) => {
+                lens.insert(number, len);
                 live.insert(
                     number,
                     Segment {
@@ -183,6 +188,8 @@ pub fn open_segments_with(
     Ok(Segments {
         live,
         damaged,
+        unchecked,
+        lens,
         zero_end_check: true,
     })
 }
@@ -335,6 +342,8 @@ pub fn scan(
     let Segments {
         live: mut segments,
         damaged,
+        unchecked,
+        lens,
         zero_end_check,
     } = segments;
     let mut ranges = Ranges::default();
@@ -343,7 +352,12 @@ pub fn scan(
     let mut expected = start_lsn;
     let mut bytes_scanned = 0u64;
     let mut records_scanned = 0u64;
-    let mut numbers: Vec<u32> = segments.keys().chain(damaged.keys()).copied().collect();
+    let mut numbers: Vec<u32> = segments
+        .keys()
+        .chain(damaged.keys())
+        .chain(&unchecked)
+        .copied()
+        .collect();
     numbers.sort_unstable();
     let last_live = segments.keys().next_back().copied();
     let first = numbers.first().copied().unwrap_or(1);
@@ -354,10 +368,7 @@ pub fn scan(
     let mut previous = start_segment.saturating_sub(1);
     // Where each segment's written data ends: its length, or where the zeros of its
     // preallocated, never written end begin.
-    let mut data_ends: HashMap<u32, u64> = segments
-        .iter()
-        .map(|(&n, s)| (n, s.file.len().unwrap_or(0)))
-        .collect();
+    let mut data_ends: HashMap<u32, u64> = lens.clone();
     // A record ending at `end` ends exactly where `to` begins, or at the end of the journal.
     let ends_at = |data_ends: &HashMap<u32, u64>, end: Loc, to: Option<Loc>| {
         let seg = loc_segment(end);
@@ -373,8 +384,8 @@ pub fn scan(
         let number = numbers[i];
         i += 1;
         if number < start_segment {
-            // Snapshotted history: loads and reads that need this segment refuse; nothing
-            // else does.
+            // Snapshotted history, not opened at all (its headers are checked on first use):
+            // loads and reads that need a damaged segment refuse; nothing else does.
             if let Some(d) = damaged.get(&number) {
                 records.push(DamagedRecord {
                     segment: number,
@@ -433,10 +444,13 @@ pub fn scan(
         } else {
             SEGMENT_HEADER_LEN
         };
-        let len = segment
-            .file
-            .len()
-            .map_err(|e| Error::io(format!("sizing segment {number}"), e))?;
+        let len = match lens.get(&number) {
+            Some(&len) => len,
+            None => segment
+                .file
+                .len()
+                .map_err(|e| Error::io(format!("sizing segment {number}"), e))?,
+        };
         if number == start_segment && len < start_offset {
             let cause = format!(
                 "segment {number} is shorter than the heads snapshot's position {start_offset}"
@@ -617,8 +631,14 @@ pub fn scan(
     }
     let (tail_segment, tail_seed, tail_offset) = match (newest, segments.iter().next_back()) {
         (Some(n), Some((&l, s))) if n == l => (l, s.seed, end_of_tail.max(SEGMENT_HEADER_LEN)),
+        // Never a sealed segment older than the scan's start (when the segment the snapshot
+        // points into is lost, the newest file left is one of those), and never the number of
+        // a lost segment the snapshot's heads may point into.
         _ => {
-            let number = newest.map_or(1, |n| n + 1);
+            let number = match start {
+                Some(_) => newest.map_or(1, |n| n + 1).max(start_segment + 1),
+                None => newest.map_or(1, |n| n + 1),
+            };
             // Sized by the journal's first write into it.
             let s = create_segment(vfs, journal_dir, number, new_salt(), 0)?;
             let seed = s.seed;
@@ -629,6 +649,8 @@ pub fn scan(
     Ok(ScanOutcome {
         tail: JournalTail {
             segments,
+            unchecked,
+            damaged: damaged.into_iter().map(|(n, d)| (n, d.reason)).collect(),
             tail_segment,
             tail_seed,
             tail_offset,

@@ -12,16 +12,24 @@
 //!
 //! Readers that hold a location into a segment that compaction deletes are kept out by the
 //! journal's reader pins (see `Journal::pin`), not by open handles. Calls only the file layer.
+//!
+//! Also owns [`SegmentSet`], the journal's segments by number and what is known of each one's
+//! header. Open reads only the headers of the segments it scans (from the heads snapshot's
+//! position on); every older, sealed segment is checked on first use, so open costs the same
+//! whatever the number of segments. A header found damaged, or a segment file found missing,
+//! is remembered and answers `Corrupt` from then on (SPEC S4).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
-use super::journal::segment_file_name;
+use super::format::{self, SEGMENT_HEADER_LEN};
+use super::journal::{Segment, segment_file_name};
 use super::vfs::{OpenMode, Vfs, VfsFile};
+use crate::error::{Error, Result};
 
 /// The open segment files of one journal directory.
 #[derive(Debug)]
@@ -73,6 +81,30 @@ impl SegmentFiles {
         let mut table = self.table.lock();
         table.open.remove(&number);
         table.dirty.remove(&number);
+    }
+
+    /// Reads and checks the header of segment `number` through the table (see [`seed_of`]).
+    fn check_header(self: &Arc<Self>, number: u32) -> Result<u32> {
+        let shown = self
+            .dir
+            .join(segment_file_name(number))
+            .display()
+            .to_string();
+        let mut header = vec![0u8; SEGMENT_HEADER_LEN as usize];
+        let file = match self.handle(number, false) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(Error::corrupt(shown, "the segment file is missing"));
+            }
+            Err(e) => return Err(Error::io(format!("opening {shown}"), e)),
+        };
+        let len = file
+            .len()
+            .map_err(|e| Error::io(format!("sizing {shown}"), e))?;
+        header.truncate(len.min(SEGMENT_HEADER_LEN) as usize);
+        file.read_exact_at(&mut header, 0)
+            .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+        seed_of(&header, number, &shown)
     }
 
     /// Files open in the table now.
@@ -133,6 +165,112 @@ impl SegmentFiles {
         table.dirty.remove(&number);
         self.evict(&mut table);
     }
+}
+
+/// The checksum seed of segment `number` from its header bytes: `Corrupt` if the header is
+/// damaged or names another segment, `UnsupportedVersion` if it is newer (SPEC S10).
+pub fn seed_of(header: &[u8], number: u32, shown: &str) -> Result<u32> {
+    match format::decode_segment_header(header, shown)? {
+        (n, _) if n != number => Err(Error::corrupt(
+            shown.to_owned(),
+            format!("the header names segment {n}"),
+        )),
+        (_, salt) => Ok(format::salt_seed(salt)),
+    }
+}
+
+/// What is known of a segment's header.
+#[derive(Clone, Debug)]
+pub enum Header {
+    /// Listed in the journal directory, not read yet (a sealed segment open did not scan).
+    Unchecked,
+    /// Read and intact: the seed its checksums use.
+    Good(u32),
+    /// Damaged or missing: why. The segment is kept as evidence and never read.
+    Damaged(String),
+}
+
+/// The journal's segments by number, each reached through the bounded table (see the module
+/// docs). A number that is not here is a missing segment.
+#[derive(Debug)]
+pub struct SegmentSet {
+    files: Arc<SegmentFiles>,
+    headers: RwLock<BTreeMap<u32, Header>>,
+}
+
+impl SegmentSet {
+    pub fn new(files: Arc<SegmentFiles>, headers: BTreeMap<u32, Header>) -> Self {
+        SegmentSet {
+            files,
+            headers: RwLock::new(headers),
+        }
+    }
+
+    /// Segment `number`, its header checked on first use. A damaged header or a missing file
+    /// answers `Corrupt` naming the segment, now and every later time; any other I/O error
+    /// answers `Io` and is not remembered.
+    pub fn get(&self, number: u32) -> Result<Segment> {
+        let known = self.headers.read().get(&number).cloned();
+        let seed = match known {
+            Some(Header::Good(seed)) => seed,
+            Some(Header::Damaged(reason)) => return Err(damaged(number, &reason)),
+            None => return Err(damaged(number, "the segment file is missing")),
+            Some(Header::Unchecked) => {
+                let checked = self.files.check_header(number);
+                let mut headers = self.headers.write();
+                // Deleted meanwhile: missing, as for any other reader.
+                let Some(entry) = headers.get_mut(&number) else {
+                    return Err(damaged(number, "the segment file is missing"));
+                };
+                match checked {
+                    Ok(seed) => {
+                        *entry = Header::Good(seed);
+                        seed
+                    }
+                    Err(Error::Corrupt { detail, .. }) => {
+                        log::error!(
+                            "journal segment {number} has a damaged header ({detail}); it is kept, and the partitions that need it are refused"
+                        );
+                        *entry = Header::Damaged(detail.clone());
+                        return Err(damaged(number, &detail));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        Ok(Segment {
+            file: self.files.file(number),
+            seed,
+        })
+    }
+
+    /// Adds a segment whose header was just written or read.
+    pub fn insert(&self, number: u32, seed: u32) {
+        self.headers.write().insert(number, Header::Good(seed));
+    }
+
+    /// Removes a deleted segment and closes its file.
+    pub fn remove(&self, number: u32) {
+        self.headers.write().remove(&number);
+        self.files.forget(number);
+    }
+
+    /// The segments that may hold records: every one but those found damaged.
+    pub fn live(&self) -> Vec<u32> {
+        self.headers
+            .read()
+            .iter()
+            .filter(|(_, h)| !matches!(h, Header::Damaged(_)))
+            .map(|(&n, _)| n)
+            .collect()
+    }
+}
+
+fn damaged(number: u32, reason: &str) -> Error {
+    Error::corrupt(
+        format!("journal segment {number}"),
+        format!("the segment cannot be read: {reason}"),
+    )
 }
 
 /// A segment file reached through the table (see the module docs).

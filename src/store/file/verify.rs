@@ -195,7 +195,12 @@ fn check_files(dir: &Path, fs: OverlayFs) -> Result<FileCheck> {
     // Recovery's own scan, from the first record of the first segment, on an overlay.
     let files =
         segments::SegmentFiles::new(journal_dir.clone(), Arc::new(fs.clone()), OPEN_SEGMENTS);
-    let scanned = recovery::open_segments_with(&fs, &journal_dir, |number, _| files.file(number))
+    let scanned = recovery::list_segments(&fs, &journal_dir)
+        .and_then(|numbers| {
+            recovery::open_segments_with(&fs, &journal_dir, &numbers, 0, |number, _| {
+                files.file(number)
+            })
+        })
         .and_then(|segments| {
             recovery::scan(
                 &fs,

@@ -19,21 +19,32 @@ pub struct Window<'a> {
     len: u64,
     /// File offset of `buf[0]`.
     start: u64,
+    /// Allocated by the first read, so a window nothing is read through (open's scan of a
+    /// store closed cleanly) costs no allocation.
     buf: Vec<u8>,
+    /// The buffer's size once allocated.
+    cap: usize,
     filled: usize,
 }
 
 impl<'a> Window<'a> {
     /// A window over `file`, whose length is taken to be `len`. Allocates at most [`WINDOW`]
-    /// bytes (less for a smaller file).
+    /// bytes (less for a smaller file), on its first read.
     pub fn new(file: &'a dyn VfsFile, len: u64) -> Self {
         Window {
             file,
             len,
             start: 0,
-            buf: vec![0u8; (len as usize).min(WINDOW)],
+            buf: Vec::new(),
+            cap: (len as usize).min(WINDOW),
             filled: 0,
         }
+    }
+
+    /// Whether the buffer has been allocated (tests).
+    #[cfg(test)]
+    pub fn allocated(&self) -> bool {
+        !self.buf.is_empty()
     }
 
     /// The length the window reads up to.
@@ -50,6 +61,9 @@ impl<'a> Window<'a> {
     }
 
     fn refill(&mut self, at: u64) -> io::Result<()> {
+        if self.buf.len() < self.cap {
+            self.buf = vec![0u8; self.cap];
+        }
         self.start = at;
         self.filled = (self.len.saturating_sub(at) as usize).min(self.buf.len());
         self.file.read_exact_at(&mut self.buf[..self.filled], at)
@@ -57,7 +71,7 @@ impl<'a> Window<'a> {
 
     /// Up to `n` bytes (at most [`WINDOW`]) at `at`; fewer only at the end of the file.
     pub fn get(&mut self, at: u64, n: usize) -> io::Result<&[u8]> {
-        let n = n.min(self.buf.len());
+        let n = n.min(self.cap);
         let inside = at >= self.start && at + n as u64 <= self.start + self.filled as u64;
         if !inside {
             self.refill(at)?;
@@ -172,5 +186,17 @@ mod tests {
         let after = WINDOW as u64 + 34;
         assert_eq!(w.zeros_from(after).unwrap(), bytes.len() as u64 - after);
         assert_eq!(w.zeros_from(bytes.len() as u64).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_window_allocates_on_its_first_read_not_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![3u8; 2 * WINDOW]).unwrap();
+        let file = OsFs.open(&path, OpenMode::Read).unwrap();
+        let mut w = Window::new(&*file, 2 * WINDOW as u64);
+        assert!(!w.allocated(), "open's scan of a clean store reads nothing");
+        assert_eq!(w.get(1, 2).unwrap(), &[3, 3]);
+        assert!(w.allocated());
     }
 }

@@ -5,7 +5,9 @@
 //! Most switches wrap the store's [`Vfs`]: a skipped sync returns `Ok` without syncing, exactly
 //! what a store that forgot the call would see. [`SkipSync::ScannedTail`] is checked by open.
 //! [`SkipSync::ZeroEndCheck`] is a check of open's scan, turned off through the segments open
-//! found. [`PinSwitch`] turns off a guard rather than a sync: the journal's reader pin.
+//! found; [`SkipSync::ValueSegmentCheck`] (a check of a load) and [`SkipSync::FoundNothingCheck`]
+//! (open's check that it found nothing to sync) are turned off by the store.
+//! [`PinSwitch`] turns off a guard rather than a sync: the journal's reader pin.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -35,6 +37,15 @@ pub enum SkipSync {
     /// records (preallocated, never written space). Without it, valid records after zeros where
     /// durable records were are dropped silently instead of reported as damage.
     ZeroEndCheck,
+    /// Not a sync but a check of a partition's load: that every segment one of its values lives
+    /// in is there with an intact header (open reads only the headers of the segments it
+    /// scans). Without it, a partition with values in a damaged segment loads, and only the
+    /// reads of those values fail, while the partition is never refused.
+    ValueSegmentCheck,
+    /// Open's check that it found nothing to make durable (a clean close) before it skips its
+    /// syncs: with this switch open skips them whatever it found, like a store that trusted
+    /// every reopen to follow a clean close.
+    FoundNothingCheck,
 }
 
 /// A [`Vfs`] that skips the chosen syncs of the store in `dir`.
