@@ -5,7 +5,8 @@
 //! Most switches wrap the store's [`Vfs`]: a skipped sync returns `Ok` without syncing, exactly
 //! what a store that forgot the call would see. [`SkipSync::ScannedTail`] is checked by open.
 //! [`SkipSync::ZeroEndCheck`] is a check of open's scan, turned off through the segments open
-//! found. [`PinSwitch`] turns off a guard rather than a sync: the journal's reader pin.
+//! found; [`SkipSync::ZeroFill`] is the journal's zero fill of new space, turned off in the
+//! journal. [`PinSwitch`] turns off a guard rather than a sync: the journal's reader pin.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -35,6 +36,10 @@ pub enum SkipSync {
     /// records (preallocated, never written space). Without it, valid records after zeros where
     /// durable records were are dropped silently instead of reported as damage.
     ZeroEndCheck,
+    /// Not a sync but the journal's zero fill: each step of a segment is sized with `set_len`
+    /// (a sparse hole) instead of written as zeros and synced before records go into it, so a
+    /// commit's sync into a fresh block also commits the block's allocation.
+    ZeroFill,
 }
 
 /// A [`Vfs`] that skips the chosen syncs of the store in `dir`.
