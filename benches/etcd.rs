@@ -7,7 +7,9 @@
 //! batch (which also sets the client's commit-marker slot, compares it, and carries the failure
 //! branch; the partition's registry key is written by its first batch only). Both are durable: etcd answers after its WAL fsync.
 //! Each thread writes its own partition. Rounds of raw and store alternate, so a slow spell of
-//! the shared disk hits both; the figure is the median of the rounds.
+//! the shared disk hits both; the figure is the median of the rounds. The store is measured
+//! with its default group commit, and with grouping off (`group_commit(0)`: every batch in its
+//! own transaction at once).
 //!
 //! Run: `cargo bench --features etcd --bench etcd` (ROUNDS and ROUND_MS override 5 and 2000).
 //! `cargo test --features etcd --benches` runs it once with tiny rounds as a smoke test.
@@ -146,6 +148,11 @@ fn main() {
             .open()
             .expect("open the etcd store"),
     );
+    let alone = EtcdStore::builder(etcd.endpoint())
+        .prefix("bench0/")
+        .group_commit(0)
+        .open()
+        .expect("open the etcd store");
     let value = vec![0x5a; VALUE_LEN];
     let parts: Vec<Partition> = (0..16)
         .map(|t| Partition::new(format!("bench-{t:02}")).unwrap())
@@ -186,10 +193,16 @@ fn main() {
         let outcome = store.apply(&parts[t], &batch).expect("apply");
         assert!(outcome.is_committed());
     };
+    let alone_commit = |t: usize, seq: u64| {
+        let batch = Batch::new().put(format!("{seq:012}").into_bytes(), value.clone());
+        let outcome = alone.apply(&parts[t], &batch).expect("apply");
+        assert!(outcome.is_committed());
+    };
     let pid = etcd.pid();
-    // Warm both paths (connections, the partitions' first batches).
+    // Warm every path (connections, the partitions' first batches).
     round(16, Duration::from_millis(200), pid, &raw_commit);
     round(16, Duration::from_millis(200), pid, &store_commit);
+    round(16, Duration::from_millis(200), pid, &alone_commit);
 
     println!();
     println!(
@@ -197,15 +210,20 @@ fn main() {
         if full { "" } else { " (smoke run)" }
     );
     println!(
-        "| threads | raw txn | EtcdStore | EtcdStore / raw | raw + marker key | raw + marker key + compare |"
+        "| threads | raw txn | EtcdStore | EtcdStore / raw | EtcdStore, grouping off | raw + marker key | raw + marker key + compare |"
     );
-    println!("|---|---|---|---|---|---|");
-    let kinds: [&(dyn Fn(usize, u64) + Sync); 4] =
-        [&raw_commit, &store_commit, &raw_key_commit, &raw_cas_commit];
+    println!("|---|---|---|---|---|---|---|");
+    let kinds: [&(dyn Fn(usize, u64) + Sync); 5] = [
+        &raw_commit,
+        &store_commit,
+        &raw_key_commit,
+        &raw_cas_commit,
+        &alone_commit,
+    ];
     let mut detail = Vec::new();
     let mut cpu = Vec::new();
     for threads in thread_counts() {
-        let mut runs: [Vec<Measured>; 4] = Default::default();
+        let mut runs: [Vec<Measured>; 5] = Default::default();
         for _ in 0..rounds {
             for (kind, commit) in kinds.iter().enumerate() {
                 runs[kind].push(round(threads, duration, pid, commit));
@@ -213,20 +231,23 @@ fn main() {
         }
         let pick =
             |kind: usize, f: fn(&Measured) -> f64| median(runs[kind].iter().map(f).collect());
-        let m: Vec<f64> = (0..4).map(|k| pick(k, |r| r.rate)).collect();
+        let m: Vec<f64> = (0..5).map(|k| pick(k, |r| r.rate)).collect();
         println!(
-            "| {threads} | {:.0} | {:.0} | **{:.1}%** | {:.0} ({:.1}%) | {:.0} ({:.1}%) |",
+            "| {threads} | {:.0} | {:.0} | **{:.1}%** | {:.0} ({:.1}%) | {:.0} ({:.1}%) | {:.0} ({:.1}%) |",
             m[0],
             m[1],
             100.0 * m[1] / m[0],
+            m[4],
+            100.0 * m[4] / m[0],
             m[2],
             100.0 * m[2] / m[0],
             m[3],
             100.0 * m[3] / m[0]
         );
         let cpu_cells = |f: fn(&Measured) -> f64| {
-            (0..4)
-                .map(|k| format!("{:.0}", pick(k, f)))
+            [0, 1, 4, 2, 3]
+                .iter()
+                .map(|&k| format!("{:.0}", pick(k, f)))
                 .collect::<Vec<_>>()
                 .join(" / ")
         };
@@ -243,16 +264,17 @@ fn main() {
                 .join(" ")
         };
         detail.push(format!(
-            "{threads} threads, commits/s per round: raw {}; store {}; raw + key {}; raw + key + compare {}",
+            "{threads} threads, commits/s per round: raw {}; store {}; store, grouping off {}; raw + key {}; raw + key + compare {}",
             fmt(0),
             fmt(1),
+            fmt(4),
             fmt(2),
             fmt(3)
         ));
     }
     println!();
     println!(
-        "CPU time per commit, microseconds (medians; raw / store / raw + key / raw + key + compare):"
+        "CPU time per commit, microseconds (medians; raw / store / store, grouping off / raw + key / raw + key + compare):"
     );
     println!("| threads | client threads | etcd process |");
     println!("|---|---|---|");
@@ -263,6 +285,7 @@ fn main() {
     for line in detail {
         println!("{line}");
     }
+    alone.close().unwrap();
     if env_u64("FENCED", 1) == 0 {
         store.close().unwrap();
         return;

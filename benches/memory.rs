@@ -9,7 +9,9 @@
 //!
 //! The second table (SPEC R10) is the engine's: heap held after touching many entities once
 //! (a read of each, on a fresh open), with no budget and with `max_resident_entities` plus
-//! `max_loaded_partitions`. `PORTCULLIS_MEMORY_ENTITIES` sets the count (default 200,000).
+//! `max_loaded_partitions`, and how much it grew per entity over the second half of the reads
+//! (near zero when memory is bounded by the budget rather than by the entities touched).
+//! `PORTCULLIS_MEMORY_ENTITIES` sets the count (default 200,000).
 //!
 //! Run: `cargo bench --bench memory` (prints a table; not a criterion benchmark).
 
@@ -116,23 +118,43 @@ fn open_engine(dir: &Path, budget: Option<usize>) -> Engine<Bytes> {
     builder.open().expect("open the engine")
 }
 
-/// Heap held after reading each of `n` entities once on a fresh open, and the engine's counts
-/// then (resident entities, loaded partitions).
-fn touch_entities(dir: &Path, n: u64, budget: Option<usize>) -> (i64, u64, u64) {
+/// Heap held after reading entities once on a fresh open.
+struct Touched {
+    /// Net bytes held after reading the first half of the entities.
+    half: i64,
+    /// Net bytes held after reading all of them.
+    net: i64,
+    /// Resident entities, registry slots and loaded partitions at the end.
+    resident: u64,
+    slots: u64,
+    loaded: u64,
+}
+
+/// Heap held after reading each of `n` entities once on a fresh open (and after the first
+/// half), and the engine's counts then.
+fn touch_entities(dir: &Path, n: u64, budget: Option<usize>) -> Touched {
     let engine = open_engine(dir, budget);
-    let ((net, _), ()) = held_by(|| {
-        for i in 0..n {
+    let read = |range: std::ops::Range<u64>| {
+        for i in range {
             let len = engine.read(&engine_entity(i), Vec::len).expect("read");
             assert_eq!(len, RECORD_LEN);
         }
-    });
+    };
+    let region = Region::new(GLOBAL);
+    read(0..n / 2);
+    let half = region.change();
+    read(n / 2..n);
+    let full = region.change();
+    let net = |s: stats_alloc::Stats| s.bytes_allocated as i64 - s.bytes_deallocated as i64;
     let stats = engine.stats();
     engine.close().expect("close");
-    (
-        net,
-        stats.passivation.resident,
-        stats.store.partitions_loaded,
-    )
+    Touched {
+        half: net(half),
+        net: net(full),
+        resident: stats.passivation.resident,
+        slots: stats.passivation.slots,
+        loaded: stats.store.partitions_loaded,
+    }
 }
 
 fn engine_table(n: u64, full: bool) {
@@ -154,16 +176,23 @@ fn engine_table(n: u64, full: bool) {
         if full { "" } else { " (smoke run)" }
     );
     println!("built in {built:?}; each entity has one {RECORD_LEN}-byte record");
-    println!("| budget | net bytes | per entity | resident entities | loaded partitions |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| budget | net bytes | per entity | growth per entity over the second half | resident entities | registry slots | loaded partitions |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     let budget = (n / 200).max(10) as usize;
     for b in [None, Some(budget)] {
         let started = std::time::Instant::now();
-        let (net, resident, loaded) = touch_entities(dir.path(), n, b);
+        let t = touch_entities(dir.path(), n, b);
         println!(
-            "| {} | {net} | {:.1} | {resident} | {loaded} | ({:?})",
+            "| {} | {} | {:.1} | {:.1} | {} | {} | {} | ({:?})",
             b.map_or("none".to_string(), |b| b.to_string()),
-            net as f64 / n as f64,
+            t.net,
+            t.net as f64 / n as f64,
+            (t.net - t.half) as f64 / (n - n / 2) as f64,
+            t.resident,
+            t.slots,
+            t.loaded,
             started.elapsed()
         );
     }

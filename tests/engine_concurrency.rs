@@ -5,23 +5,13 @@
 mod common;
 
 use std::sync::{Arc, Barrier, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::engine::{TestEngine, TestMachine, TestStore, builder, entity};
+use common::engine::{TestEngine, TestMachine, TestStore, builder, entity, until};
 use crossbeam::channel;
 use portcullis::Error;
 use portcullis::log;
 use portcullis::store::Batch;
-
-/// Spins (yielding) until `done` holds, for at most ten seconds. Used only to wait for a state
-/// the engine reports (threads parked on a gate), never to wait for time to pass.
-fn until(mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "condition not reached in 10 s");
-        std::thread::yield_now();
-    }
-}
 
 /// Registers `n` entities with `records` records each, then closes, so they reopen pending.
 fn seeded(n: usize, records: usize) -> Arc<TestStore> {

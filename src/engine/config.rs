@@ -365,8 +365,10 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// their next touch restores them again from their newest checkpoint plus the log tail,
     /// exactly once, behind the same gate. Nothing is written when an entity is passivated.
     /// Entities in use are never dropped, so the count can exceed the budget while more than
-    /// `entities` calls run at once. Default: none (every restored entity stays in memory).
-    /// At least 1. See also [`Engine::passivate`].
+    /// `entities` calls run at once. A passivated entity nobody uses also leaves the registry
+    /// of entities, so memory follows the budget rather than the entities ever touched.
+    /// Default: none (every restored entity stays in memory). At least 1. See also
+    /// [`Engine::passivate`].
     ///
     /// A warm or [`Engine::fold_all`] over more entities than the budget restores each of
     /// them and passivates most again: it works, but costs a restore per entity per visit.

@@ -104,7 +104,8 @@ impl<M: StateMachine> Engine<M> {
 
     /// Stops serving a namespace and records that in its owner row, so the next owner takes it
     /// over cleanly (no repair for this engine's term). Repairs this engine owed the namespace
-    /// stay owed unless it restored every entity of it. Later calls for the namespace answer
+    /// stay owed unless every entity of it had them (restored here, or its repair row names the
+    /// newest owed term). Later calls for the namespace answer
     /// [`NotServed`](crate::Error::NotServed) until [`Engine::own`]. Releasing a namespace this
     /// engine does not serve does nothing.
     ///
@@ -137,7 +138,7 @@ impl<M: StateMachine> Engine<M> {
     /// ```
     pub fn release_namespace(&self, ns: &Namespace) -> Result<()> {
         let _open = self.enter()?;
-        let all_repaired = self.inner.restorer.all_restored_in(ns);
+        let all_repaired = self.inner.restorer.all_repaired_in(ns);
         self.inner.owners.release(ns, all_repaired)
     }
 

@@ -96,8 +96,8 @@ impl<M: StateMachine> Engine<M> {
     /// ```
     pub fn history(&self, entity: &EntityId, from_seq: u64) -> Result<History> {
         let _open = self.enter()?;
-        // Answers UnknownEntity for an entity that was never registered.
-        self.inner.restorer.slot(entity)?;
+        // Answers UnknownEntity for an entity that was never registered (makes no slot).
+        self.inner.restorer.existing(entity)?;
         Ok(History {
             store: Arc::clone(&self.inner.store),
             partition: entity.partition(),

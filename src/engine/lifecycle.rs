@@ -170,11 +170,11 @@ impl<M: StateMachine> Inner<M> {
             });
         }
         // Release every namespace this engine serves, so the next holder owes no repair for
-        // this term; owed repairs pass on unless every entity of the namespace was restored
-        // here (an error listing them keeps them owed, SPEC F11).
+        // this term; owed repairs pass on unless every entity of the namespace had them
+        // (restored here, or its repair row says so; an error keeps them owed, SPEC F11).
         let mut first_error = None;
         for (ns, _) in self.owners.all_held() {
-            let all_repaired = self.restorer.all_restored_in(&ns);
+            let all_repaired = self.restorer.all_repaired_in(&ns);
             if let Err(e) = self.owners.release(&ns, all_repaired) {
                 ::log::warn!("could not release namespace {ns} at close: {e}");
                 first_error.get_or_insert(e);

@@ -13,7 +13,9 @@ impl<M: StateMachine> Engine<M> {
     /// written (its history is durable already); its next touch restores it again from its
     /// newest checkpoint plus the log tail, exactly once, behind the same gate, and work
     /// deferred to it meanwhile is queued durably and applied then, as for any pending entity.
-    /// An unclean-restart repair it had is not run again.
+    /// An unclean-restart repair it had is not run again. Its slot then leaves the registry
+    /// unless something still uses it, so a passivated entity costs no more memory than one
+    /// never touched.
     ///
     /// Answers `true` if it was passivated, `false` if it was not restored (pending, or
     /// contained: a containment stays visible), and [`Error::Unavailable`](crate::Error::Unavailable) while a call uses
@@ -37,9 +39,10 @@ impl<M: StateMachine> Engine<M> {
     /// let counter = EntityId::new("counters", "c1")?;
     /// engine.append_typed(&counter, &[(), ()])?;
     /// assert!(engine.passivate(&counter)?);
+    /// assert_eq!(engine.stats().passivation.slots, 0); // nothing of it is left in memory
     /// assert!(!engine.passivate(&counter)?); // already pending
     /// assert_eq!(engine.read(&counter, |n| *n)?, 2); // restored again
-    /// assert_eq!(engine.stats().passivation.reactivations, 1);
+    /// assert_eq!(engine.stats().passivation.passivations, 1);
     /// # Ok::<(), portcullis::Error>(())
     /// ```
     pub fn passivate(&self, entity: &EntityId) -> Result<bool> {
@@ -53,5 +56,24 @@ impl<M: StateMachine> Engine<M> {
     #[doc(hidden)]
     pub fn set_passivate_unguarded_for_test(&self, unguarded: bool) {
         self.inner.restorer.set_passivate_unguarded(unguarded);
+    }
+
+    /// Test-only negative control: slots leave the registry whenever asked, even while in use
+    /// (a touch holds one, a thread waits on its gate, a deferral is being written) or
+    /// contained, so tests can show they catch two restores of one activation, lost deferred
+    /// work or an erased containment (SPEC R2, R4, R8, R10).
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn set_retire_unguarded_for_test(&self, unguarded: bool) {
+        self.inner.restorer.set_retire_unguarded(unguarded);
+    }
+
+    /// Test-only negative control: releasing a namespace counts its entities without a slot
+    /// as repaired without reading their `\0repair` rows, so tests can show they catch an owed
+    /// repair dropped before every entity had it (SPEC R3, F11).
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn set_repairs_assumed_for_test(&self, assumed: bool) {
+        self.inner.restorer.set_repairs_assumed(assumed);
     }
 }

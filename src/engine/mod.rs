@@ -153,6 +153,7 @@ impl<M: StateMachine> Engine<M> {
         ));
         let owners_for_units = Arc::clone(&owners);
         let owners_for_deferrals = Arc::clone(&owners);
+        let owners_for_slots = Arc::clone(&owners);
         let restore_config = RestoreConfig {
             checkpoint_tail_bound: config.checkpoint_tail_bound,
             incarnation: incarnation.number,
@@ -162,6 +163,7 @@ impl<M: StateMachine> Engine<M> {
             defer_term: Arc::new(move |ns: &Namespace| {
                 owners_for_deferrals.serving(ns).map(|h| h.term)
             }),
+            owed_now: Arc::new(move |ns: &Namespace| owners_for_slots.held(ns).map(|h| h.owed)),
         };
         let restorer = Arc::new(Restorer::new(
             Arc::clone(&owned) as Arc<dyn Store>,
@@ -651,7 +653,9 @@ impl<M: StateMachine> Engine<M> {
     pub fn verify_checkpoint(&self, entity: &EntityId) -> Result<bool> {
         let _open = self.enter()?;
         self.inner.owners.serving(entity.namespace())?;
-        let slot = self.inner.restorer.slot(entity)?;
+        // Answers UnknownEntity for an entity never registered; makes no slot unless the audit
+        // finds something to contain.
+        self.inner.restorer.existing(entity)?;
         let store = &*self.inner.store;
         let p = entity.partition();
         for _ in 0..AUDIT_ATTEMPTS {
@@ -672,6 +676,7 @@ impl<M: StateMachine> Engine<M> {
                 Ok(()) => Ok(true),
                 Err(e @ Error::Corrupt { .. }) => {
                     let reason = Containment::new(ReasonKind::CorruptCheckpoint, e.to_string());
+                    let slot = self.inner.restorer.slot(entity)?;
                     Err(self.inner.restorer.contain_unless_running(&slot, reason))
                 }
                 Err(e) => Err(e),

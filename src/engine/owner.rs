@@ -384,7 +384,8 @@ impl Owners {
 
     /// Releases `ns`: this engine stops serving it and the owner row says so, so the next
     /// holder owes no repair for this term. The owed terms are dropped only if `all_repaired`
-    /// (every entity of the namespace was restored under this holding); otherwise they pass on.
+    /// (every entity of the namespace had them: restored under this holding, or its repair row
+    /// names the newest owed term); otherwise they pass on.
     /// A row some other owner has overwritten since (a take-over) is left alone.
     pub(crate) fn release(&self, ns: &Namespace, all_repaired: bool) -> Result<()> {
         let _adopting = self.adopting.lock();

@@ -15,7 +15,7 @@ pub struct EngineStats {
     pub phases: PhaseCounts,
     /// Restore units run in this process.
     pub units_run: u64,
-    /// Resident entities, passivations and reactivations (SPEC R10).
+    /// Resident entities, registry slots, passivations and reactivations (SPEC R10).
     pub passivation: PassivationStats,
     /// The most recent warm's progress, if one was started.
     pub warm: Option<WarmProgress>,

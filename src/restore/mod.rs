@@ -21,7 +21,8 @@
 //! - the warm runs with bounded parallelism and can be waited on or stopped (R6);
 //! - deferred work is durable when accepted and applied inside the unit (R8);
 //! - idle restored entities can be passivated, under a budget or on request, and restore again
-//!   on their next touch, exactly once per activation (R10);
+//!   on their next touch, exactly once per activation (R10); an idle pending entity's slot
+//!   leaves the registry, so memory follows the entities in use, not those ever touched;
 //! - one info line per restored entity, one warn per refusal, a summary per warm (R9).
 //!
 //! The full state machine and lock order are in `docs/restore.md`.
@@ -37,6 +38,7 @@ mod machine;
 mod passivate;
 mod registry;
 mod restoring;
+mod retire;
 mod telemetry;
 mod unit;
 mod waits;
@@ -70,6 +72,10 @@ pub(crate) type OwedRepairs = Arc<dyn Fn(&Namespace) -> crate::Result<Arc<Vec<u6
 /// acceptance order. An error means the engine does not serve the namespace now.
 pub(crate) type DeferTerm = Arc<dyn Fn(&Namespace) -> crate::Result<u64> + Send + Sync>;
 
+/// The unclean-restart repairs owed under this engine's current holding of a namespace (SPEC
+/// R3, F11), from memory; never adopts. `None` when it does not serve the namespace now.
+pub(crate) type OwedNow = Arc<dyn Fn(&Namespace) -> Option<Arc<Vec<u64>>> + Send + Sync>;
+
 /// What the restore unit needs to know about this incarnation.
 #[derive(Clone)]
 pub(crate) struct RestoreConfig {
@@ -81,6 +87,9 @@ pub(crate) struct RestoreConfig {
     pub owed_repairs: OwedRepairs,
     /// The term deferred rows of an entity's namespace are keyed by; asked per deferral.
     pub defer_term: DeferTerm,
+    /// The repairs owed under the current holding of a namespace; asked when it is released,
+    /// to tell from their `\0repair` rows whether entities without a slot were repaired.
+    pub owed_now: OwedNow,
 }
 
 impl std::fmt::Debug for RestoreConfig {

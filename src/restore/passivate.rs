@@ -20,8 +20,12 @@
 //! (CLOCK): the entry at the front is dropped if its entity was not touched since it was queued,
 //! otherwise it goes to the back with its newer touch. This is least-recently-touched first
 //! for entities touched once, and an approximation of it otherwise; each step is O(1).
+//!
+//! A passivated entity's slot then leaves the registry if nothing uses it (`retire.rs`), so
+//! memory follows the budget, not the entities ever touched. The ring holds a reference to
+//! each slot it lists, which keeps that slot in the registry until the ring lets it go.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -45,8 +49,17 @@ pub struct PassivationStats {
     pub resident: u64,
     /// Entities passivated so far (by the budget or by `Engine::passivate`).
     pub passivations: u64,
-    /// Restore units that restored an entity passivated before.
+    /// Restore units that restored an entity passivated before whose slot was still in the
+    /// registry (it was in use when it was passivated, or its namespace still owed repairs).
+    /// An idle passivated entity leaves the registry (`retired`), and its next restore is
+    /// then counted as a first activation, since nothing in memory remembers it.
     pub reactivations: u64,
+    /// Entities with a slot in the registry now (touched and not yet retired). An entity
+    /// without a slot costs nothing in the registry.
+    pub slots: u64,
+    /// Slots removed from the registry so far: pending entities nobody was using, most of
+    /// them just passivated.
+    pub retired: u64,
 }
 
 /// One slot's residency marks.
@@ -62,6 +75,13 @@ pub(crate) struct SlotLife {
     listed: AtomicBool,
     /// Whether it was passivated and not restored since.
     passivated: AtomicBool,
+}
+
+impl SlotLife {
+    /// Calls using the slot right now.
+    pub(super) fn pins(&self) -> usize {
+        self.pins.load(Ordering::SeqCst)
+    }
 }
 
 impl SlotLife {
@@ -85,8 +105,14 @@ pub(crate) struct Residency<S> {
     resident: AtomicU64,
     passivations: AtomicU64,
     reactivations: AtomicU64,
+    /// Slots removed from the registry (`retire.rs`).
+    pub(super) retired: AtomicU64,
     /// Test-only negative control: passivate whatever phase the entity is in.
     unguarded: AtomicBool,
+    /// Test-only negative control: remove pending slots even while they are in use.
+    pub(super) retire_unguarded: AtomicBool,
+    /// Test-only negative control: entities without a slot count as repaired, unread.
+    pub(super) repairs_assumed: AtomicBool,
 }
 
 impl<S> Residency<S> {
@@ -98,7 +124,10 @@ impl<S> Residency<S> {
             resident: AtomicU64::new(0),
             passivations: AtomicU64::new(0),
             reactivations: AtomicU64::new(0),
+            retired: AtomicU64::new(0),
             unguarded: AtomicBool::new(false),
+            retire_unguarded: AtomicBool::new(false),
+            repairs_assumed: AtomicBool::new(false),
         }
     }
 
@@ -190,6 +219,8 @@ impl<M: StateMachine> Restorer<M> {
             return;
         };
         let mut dropped = Vec::new();
+        // Slots that left the ring not resident: each may now leave the registry too.
+        let mut leaving = Vec::new();
         {
             let mut ring = residency.ring.lock();
             if !slot.life.listed.swap(true, Ordering::AcqRel) {
@@ -206,6 +237,7 @@ impl<M: StateMachine> Restorer<M> {
                 };
                 if !candidate.life.resident.load(Ordering::Acquire) {
                     candidate.life.listed.store(false, Ordering::Release);
+                    leaving.push(candidate);
                     continue;
                 }
                 let last = candidate.life.last_touch.load(Ordering::Relaxed);
@@ -217,11 +249,27 @@ impl<M: StateMachine> Restorer<M> {
                     Ok(state) => {
                         candidate.life.listed.store(false, Ordering::Release);
                         dropped.push(state);
+                        leaving.push(candidate);
                     }
                     Err(Kept::NotResident) => {
                         candidate.life.listed.store(false, Ordering::Release);
+                        leaving.push(candidate);
                     }
                     Err(Kept::Busy(_)) => ring.push_back((last, candidate)),
+                }
+            }
+            // Entries of entities passivated on request (or contained) stay in the ring until
+            // a walk reaches them; once they outnumber the resident ones, one pass drops them
+            // all, keeping the order of the rest (amortised O(1) per activation).
+            let resident = residency.resident.load(Ordering::Acquire) as usize;
+            if ring.len() > 2 * resident + 16 {
+                for (stamp, entry) in std::mem::take(&mut *ring) {
+                    if entry.life.resident.load(Ordering::Acquire) {
+                        ring.push_back((stamp, entry));
+                    } else {
+                        entry.life.listed.store(false, Ordering::Release);
+                        leaving.push(entry);
+                    }
                 }
             }
         }
@@ -233,6 +281,8 @@ impl<M: StateMachine> Restorer<M> {
         }
         // The states' destructors run here, with no lock held (SPEC R11).
         drop(dropped);
+        // Idle ones leave the registry (taken with no other lock held).
+        self.retire(leaving);
     }
 
     /// Takes a restored, idle slot's state and makes it pending again.
@@ -296,9 +346,16 @@ impl<M: StateMachine> Restorer<M> {
                 // Dropped with no lock held (SPEC R11).
                 drop(state);
                 ::log::debug!("passivated {entity}");
+                // Now pending: its slot leaves the registry unless something still uses it.
+                self.retire(vec![slot]);
                 Ok(true)
             }
-            Err(Kept::NotResident) => Ok(false),
+            Err(Kept::NotResident) => {
+                // Pending already (or contained, which keeps its slot): an idle pending slot
+                // leaves the registry, so the entity costs what an untouched one does.
+                self.retire(vec![slot]);
+                Ok(false)
+            }
             Err(Kept::Busy(why)) => Err(busy(entity, why)),
         }
     }
@@ -314,7 +371,7 @@ impl<M: StateMachine> Restorer<M> {
             .filter(|(e, _)| e.namespace() == ns)
             .map(|(_, s)| Arc::clone(s))
             .collect();
-        for slot in slots {
+        for slot in &slots {
             // Lock order: state, then the gate's mutex (a leaf).
             let mut state = slot.state_lock().lock();
             let mut phase = slot.gate.lock();
@@ -331,26 +388,8 @@ impl<M: StateMachine> Restorer<M> {
             // Restored under an earlier holding: not a reactivation of this one.
             slot.life.forgotten();
         }
-    }
-
-    /// Whether every registered entity of `ns` is restored in this process. An error listing
-    /// the entities answers `false`, so an owed repair is never dropped on a guess.
-    pub(crate) fn all_restored_in(&self, ns: &crate::entity::Namespace) -> bool {
-        let Ok(partitions) = self.store.list_partitions(&EntityId::partition_prefix(ns)) else {
-            return false;
-        };
-        let slots: HashMap<EntityId, Arc<Slot<M::State>>> = self.slots.read().clone();
-        partitions
-            .iter()
-            .filter_map(EntityId::from_partition)
-            .all(|e| {
-                slots.get(&e).is_some_and(|s| match *s.gate.lock() {
-                    Phase::Restored => true,
-                    // Passivated: its unit (and repair) ran under this holding (SPEC R10).
-                    Phase::Pending { .. } => s.life.was_passivated(),
-                    _ => false,
-                })
-            })
+        // Pending now: idle ones leave the registry.
+        self.retire(slots);
     }
 
     /// The passivation counters.
@@ -361,6 +400,8 @@ impl<M: StateMachine> Restorer<M> {
             resident: r.resident.load(Ordering::Acquire),
             passivations: r.passivations.load(Ordering::Relaxed),
             reactivations: r.reactivations.load(Ordering::Relaxed),
+            slots: self.slots.read().len() as u64,
+            retired: r.retired.load(Ordering::Relaxed),
         }
     }
 

@@ -27,7 +27,8 @@ use crate::store::{Batch, Outcome, Store};
 pub struct Slot<S> {
     pub(super) entity: EntityId,
     pub(super) gate: Gate,
-    /// Boxed: a passivated entity keeps its slot, and an empty one should cost a pointer.
+    /// Boxed: a slot that is not restored (in use while pending, contained) should cost a
+    /// pointer here.
     state: Mutex<Option<Box<Loaded<S>>>>,
     /// Pins, last touch and residency, for passivation (SPEC R10).
     pub(super) life: SlotLife,
@@ -212,7 +213,8 @@ impl<M: StateMachine> Restorer<M> {
     /// Registers an entity durably (a marker row, written only if absent, creates its
     /// partition). Returns `false`, and writes nothing, if the entity is already registered:
     /// in this process or an earlier one (its partition exists), or by a concurrent call. The
-    /// marker keeps the incarnation that first registered the entity.
+    /// marker keeps the incarnation that first registered the entity. Makes no slot: the
+    /// entity is pending until its first touch, like any registered entity.
     pub(crate) fn register(&self, entity: &EntityId) -> Result<bool> {
         if self.slots.read().contains_key(entity) {
             return Ok(false);
@@ -225,21 +227,13 @@ impl<M: StateMachine> Restorer<M> {
             keys::entity_key(),
             self.config.incarnation.to_be_bytes().to_vec(),
         );
-        if self.store.apply(&p, &marker)? != Outcome::Committed {
-            return Ok(false);
-        }
-        let mut slots = self.slots.write();
-        let mut inserted = false;
-        slots.entry(entity.clone()).or_insert_with(|| {
-            inserted = true;
-            Arc::new(Self::pending_slot(entity.clone()))
-        });
-        Ok(inserted)
+        // Of concurrent registrations, the guard lets exactly one commit.
+        Ok(self.store.apply(&p, &marker)? == Outcome::Committed)
     }
 
     /// The slot of a registered entity. Slots are made on first need, so an entity nobody has
     /// touched costs nothing here: open does no work per entity (SPEC R1), and an entity
-    /// without a slot is pending.
+    /// without a slot is pending. A pending slot nobody uses leaves again (`retire.rs`).
     pub fn slot(&self, entity: &EntityId) -> Result<Arc<Slot<M::State>>> {
         if let Some(slot) = self.slots.read().get(entity) {
             return Ok(Arc::clone(slot));
@@ -436,7 +430,10 @@ impl<M: StateMachine> Restorer<M> {
     /// entity over it): a unit that ran meanwhile could miss that record and serve stale
     /// state (SPEC R4). While such a call runs, the release answers `Unavailable`; retry it.
     pub fn release(&self, entity: &EntityId) -> Result<bool> {
-        let slot = self.slot(entity)?;
+        let Some(slot) = self.existing(entity)? else {
+            // Pending with no slot: nothing to release.
+            return Ok(false);
+        };
         let Some(mut state) = slot.state.try_lock() else {
             return Err(Error::Unavailable {
                 reason: format!(
@@ -446,18 +443,25 @@ impl<M: StateMachine> Restorer<M> {
             });
         };
         let mut phase = slot.gate.lock();
-        if matches!(*phase, Phase::Contained(_) | Phase::Damaged) {
+        let released = matches!(*phase, Phase::Contained(_) | Phase::Damaged);
+        if released {
             *phase = PENDING;
             *state = None;
             ::log::warn!("released {entity}: its next touch runs its restore unit again");
-            return Ok(true);
         }
-        Ok(false)
+        drop(phase);
+        drop(state);
+        // Pending now (or already): an idle slot leaves the registry.
+        self.retire(vec![slot]);
+        Ok(released)
     }
 
     /// Why an entity is contained, if it is.
     pub fn containment(&self, entity: &EntityId) -> Result<Option<Containment>> {
-        let slot = self.slot(entity)?;
+        let Some(slot) = self.existing(entity)? else {
+            // No slot: pending, so not contained.
+            return Ok(None);
+        };
         let phase = slot.gate.lock();
         Ok(match &*phase {
             Phase::Contained(reason) => Some((**reason).clone()),

@@ -383,6 +383,19 @@ pub fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'sta
     }
 }
 
+/// Spins (yielding) until `done` holds, for at most ten seconds. Used only to wait for a state
+/// the engine reports (threads parked on a gate, a count reached), never for time to pass.
+pub fn until(mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not reached in 10 s"
+        );
+        std::thread::yield_now();
+    }
+}
+
 /// Whether a batch writes a log record (`\0log.rec...`).
 pub fn writes_records(batch: &Batch) -> bool {
     batch.ops().iter().any(|op| match op {

@@ -9,6 +9,7 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::json;
 
 use super::client::{Client, PutResponse};
+use super::group::Grouper;
 use super::keys::{Layout, b64};
 use super::txn::RESERVED_OPS;
 use super::{
@@ -29,8 +30,15 @@ pub struct EtcdStoreBuilder {
     max_txn_ops: usize,
     max_request_bytes: usize,
     connections: usize,
+    in_flight: usize,
     #[cfg(feature = "etcd-test-hooks")]
     no_marker: bool,
+    #[cfg(feature = "etcd-test-hooks")]
+    group_hook: HookSlot,
+    #[cfg(feature = "etcd-test-hooks")]
+    group_overlapping: bool,
+    #[cfg(feature = "etcd-test-hooks")]
+    group_past_limits: bool,
 }
 
 impl EtcdStoreBuilder {
@@ -44,8 +52,15 @@ impl EtcdStoreBuilder {
             max_txn_ops: ETCD_DEFAULT_MAX_TXN_OPS,
             max_request_bytes: ETCD_DEFAULT_MAX_REQUEST_BYTES,
             connections: 64,
+            in_flight: 2,
             #[cfg(feature = "etcd-test-hooks")]
             no_marker: false,
+            #[cfg(feature = "etcd-test-hooks")]
+            group_hook: HookSlot::default(),
+            #[cfg(feature = "etcd-test-hooks")]
+            group_overlapping: false,
+            #[cfg(feature = "etcd-test-hooks")]
+            group_past_limits: false,
         }
     }
 
@@ -98,6 +113,44 @@ impl EtcdStoreBuilder {
         self
     }
 
+    /// Group commit (default 2): how many transactions the store keeps in flight at once.
+    /// Batches applied while that many are in flight wait, and the next transaction to go
+    /// carries every waiting batch that fits with it (none writes what another writes or
+    /// guards; within etcd's limits), so etcd logs and syncs one request for all of them. A
+    /// batch applied with room to spare goes at once, alone. 0 turns grouping off: every batch
+    /// is sent at once in its own transaction. Each batch's outcome is its own (docs/etcd.md).
+    pub fn group_commit(mut self, in_flight: usize) -> Self {
+        self.in_flight = in_flight;
+        self
+    }
+
+    /// Test hook: called with the batches (and their partitions) of every transaction a first
+    /// attempt goes in, before it is sent, outside the store's locks.
+    #[cfg(feature = "etcd-test-hooks")]
+    pub fn on_group(
+        mut self,
+        hook: impl Fn(&[(crate::store::Partition, crate::store::Batch)]) + Send + Sync + 'static,
+    ) -> Self {
+        self.group_hook = HookSlot(Some(std::sync::Arc::new(hook)));
+        self
+    }
+
+    /// Test hook: batches that overlap share transactions too (the negative control of the
+    /// group commit's overlap rule).
+    #[cfg(feature = "etcd-test-hooks")]
+    pub fn group_overlapping(mut self) -> Self {
+        self.group_overlapping = true;
+        self
+    }
+
+    /// Test hook: batches share transactions past etcd's limits too (the negative control of
+    /// the group commit's limits).
+    #[cfg(feature = "etcd-test-hooks")]
+    pub fn group_past_limits(mut self) -> Self {
+        self.group_past_limits = true;
+        self
+    }
+
     /// Test hook: each attempt of a batch under a fresh commit marker, so a resend after a lost
     /// answer cannot see that an earlier copy committed (the negative control of the fault
     /// tests).
@@ -138,6 +191,18 @@ impl EtcdStoreBuilder {
             slots: Mutex::new(Vec::new()),
             next_slot: AtomicU64::new(0),
             known: RwLock::new(HashSet::new()),
+            group: (self.in_flight > 0).then(|| {
+                #[cfg_attr(not(feature = "etcd-test-hooks"), allow(unused_mut))]
+                let mut group =
+                    Grouper::new(self.in_flight, self.max_txn_ops, self.max_request_bytes);
+                #[cfg(feature = "etcd-test-hooks")]
+                {
+                    group.hook = self.group_hook.0.clone();
+                    group.group_overlapping = self.group_overlapping;
+                    group.group_past_limits = self.group_past_limits;
+                }
+                group
+            }),
             batches: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             #[cfg(feature = "etcd-test-hooks")]
@@ -159,5 +224,21 @@ impl EtcdStoreBuilder {
             store.layout.root().escape_ascii()
         );
         Ok(store)
+    }
+}
+
+/// The group hook of a builder (printed as whether there is one).
+#[cfg(feature = "etcd-test-hooks")]
+#[derive(Clone, Default)]
+struct HookSlot(Option<super::group::GroupHook>);
+
+#[cfg(feature = "etcd-test-hooks")]
+impl std::fmt::Debug for HookSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Some(hook)"
+        } else {
+            "None"
+        })
     }
 }

@@ -18,7 +18,7 @@ use super::keys::unb64;
 use crate::error::{Error, Result};
 
 /// Why a request failed.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Failure {
     /// The request never left this process: etcd cannot have seen it.
     NotSent(String),

@@ -26,6 +26,12 @@ impl Body {
         &self.buf
     }
 
+    /// Appends JSON written by this backend before (a fragment of another body).
+    pub(crate) fn append(&mut self, json: &[u8]) -> &mut Self {
+        self.buf.extend_from_slice(json);
+        self
+    }
+
     /// Appends JSON text as is (structure and field names, written by this backend only).
     pub(crate) fn raw(&mut self, text: &str) -> &mut Self {
         self.buf.extend_from_slice(text.as_bytes());

@@ -5,10 +5,13 @@
 //! mapping, the limits and the fault handling.
 //!
 //! Locks: the pool of marker slots and the set of partitions known to exist, each held only to
-//! take or put back an entry, never across a request and never both at once.
+//! take or put back an entry, never across a request and never both at once; the group
+//! commit's queue ([`group`]), never held with either.
 
+mod apply;
 mod builder;
 mod client;
+mod group;
 mod json;
 mod keys;
 #[cfg(test)]
@@ -26,12 +29,13 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::json;
 
 use self::client::{Client, Failure, RangeResponse, TxnResponse};
+use self::group::Grouper;
 use self::json::Body;
 use self::keys::{Layout, b64, encode_range, successor};
-use self::txn::{Answer, Target, Txn};
+use self::txn::{Answer, Txn};
 use super::{
     Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, Store, StoreLimits, StoreStats,
-    check_key_within, check_limit, refuse_deadlines,
+    check_key_within, check_limit,
 };
 use crate::clock::SharedClock;
 use crate::error::{Error, Result};
@@ -96,6 +100,8 @@ pub struct EtcdStore {
     next_slot: AtomicU64,
     /// Partitions known to exist: their registry key need not be written again.
     known: RwLock<HashSet<Partition>>,
+    /// The group commit of first attempts (none: every batch is sent alone).
+    group: Option<Grouper>,
     batches: AtomicU64,
     closed: AtomicBool,
     #[cfg(feature = "etcd-test-hooks")]
@@ -111,6 +117,12 @@ impl EtcdStore {
     /// A builder for a store on etcd at `endpoint` (`host:port` or `http://host:port`).
     pub fn builder(endpoint: impl Into<String>) -> EtcdStoreBuilder {
         EtcdStoreBuilder::new(endpoint.into())
+    }
+
+    /// Test hook: batches waiting for a transaction of the group commit.
+    #[cfg(feature = "etcd-test-hooks")]
+    pub fn waiting_batches(&self) -> usize {
+        self.group.as_ref().map_or(0, Grouper::waiting)
     }
 
     fn check_open(&self) -> Result<()> {
@@ -381,134 +393,7 @@ impl Store for EtcdStore {
     }
 
     fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {
-        self.check_open()?;
-        batch.validate_within(&self.limits)?;
-        refuse_deadlines(batch, "etcd")?;
-        let prefix = self.layout.data_prefix(p);
-        let registry = self.layout.registry_key(p);
-        let known = self.known.read().contains(p);
-        let mut slot = self.take_slot()?;
-        #[cfg_attr(not(feature = "etcd-test-hooks"), allow(unused_mut))]
-        let mut seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let mut maybe_sent: Option<String> = None;
-        let mut reads_on_failure = false;
-        let mut last = String::new();
-        for attempt in 0..self.attempts {
-            if attempt > 0 {
-                backoff(attempt);
-                #[cfg(feature = "etcd-test-hooks")]
-                if self.no_marker {
-                    // The negative control: each attempt under a fresh number, so a resend
-                    // cannot see that an earlier copy committed.
-                    seq = self.seq.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            let txn = Txn::build(
-                &Target {
-                    prefix: &prefix,
-                    registry: (!known).then_some(registry.as_slice()),
-                    slot_key: &slot.key,
-                    slot_value: &slot.value,
-                    seq,
-                    abort_on_refusal: maybe_sent.is_some() && self.marker_checked(),
-                    reads_on_failure,
-                },
-                batch,
-            );
-            let answer = self
-                .client
-                .post_bytes(client::TXN, txn.body())
-                .and_then(|a| {
-                    txn.outcome(&a)
-                        .map_err(|e| Failure::Ambiguous(e.to_string()))
-                });
-            let answer = match answer {
-                // Refused, and nothing was applied: learn which guard failed (or whether the
-                // slot moved) from what the compares saw.
-                Ok(Answer::ReadBack { revision }) => match self.read_back(&txn, revision) {
-                    Ok(answer) => Ok(answer),
-                    Err(Error::Unavailable {
-                        retry_after_ms: 0, ..
-                    }) => {
-                        // The revision was compacted away: send the batch again with reads in
-                        // its failure branch.
-                        reads_on_failure = true;
-                        last = "the revision of a refusal was compacted".into();
-                        continue;
-                    }
-                    // Nothing was applied; the slot is left alone (its value may not be the
-                    // one expected, or it may be gone), and the next batch makes a new one.
-                    Err(e) => return Err(e),
-                },
-                other => other,
-            };
-            match answer {
-                Ok(Answer::ReadBack { .. }) => unreachable!("read back above"),
-                Ok(Answer::Decided { outcome, slot: now }) => {
-                    slot.value = now;
-                    self.slots.lock().push(slot);
-                    if outcome.is_committed() {
-                        self.batches.fetch_add(1, Ordering::Relaxed);
-                        self.remember(p, known);
-                    }
-                    return Ok(outcome);
-                }
-                Ok(Answer::SlotMoved { slot: now }) => {
-                    // An earlier copy was aborted: nothing of the batch applied, and no copy
-                    // sent so far can commit any more. Try again from the slot's new value.
-                    slot.value = now;
-                    maybe_sent = None;
-                    last = "an earlier copy was aborted".into();
-                }
-                Err(f) if f.is_transient() => {
-                    last = f.describe(self.client.endpoint());
-                    if !matches!(f, Failure::NotSent(_)) {
-                        log::warn!(
-                            "etcd store {}: the answer to a batch on {p} was lost ({last}); \
-                             sending it again",
-                            self.client_id
-                        );
-                        maybe_sent = Some(last.clone());
-                    }
-                }
-                Err(f) => {
-                    if let Some(earlier) = maybe_sent {
-                        // Refused now, but an earlier copy may have committed; the slot's
-                        // value is unknown, so it is not used again.
-                        return Err(Error::OutcomeUnknown {
-                            partition: p.to_string(),
-                            detail: format!(
-                                "{earlier}, then {}",
-                                f.describe(self.client.endpoint())
-                            ),
-                        });
-                    }
-                    self.slots.lock().push(slot);
-                    return Err(self.refusal(f));
-                }
-            }
-        }
-        match maybe_sent {
-            // The slot's value is unknown (a copy may still commit): it is not used again,
-            // and a copy still on its way finds no later batch expecting its value.
-            Some(earlier) => Err(Error::OutcomeUnknown {
-                partition: p.to_string(),
-                detail: format!(
-                    "{earlier}; {} attempts, none answered (last: {last})",
-                    self.attempts
-                ),
-            }),
-            None => {
-                self.slots.lock().push(slot);
-                Err(Error::Unavailable {
-                    reason: format!(
-                        "{last} (after {} attempts, nothing was applied)",
-                        self.attempts
-                    ),
-                    retry_after_ms: 1000,
-                })
-            }
-        }
+        self.apply_batch(p, batch)
     }
 
     fn list_partitions(&self, prefix: &[u8]) -> Result<Vec<Partition>> {

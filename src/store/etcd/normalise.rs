@@ -22,6 +22,14 @@ pub(crate) enum Key<'a> {
 }
 
 impl Key<'_> {
+    /// The whole key.
+    pub(crate) fn joined(&self) -> Vec<u8> {
+        match self {
+            Key::Parts(prefix, key) => [*prefix, *key].concat(),
+            Key::Whole(key) => key.clone(),
+        }
+    }
+
     fn write(&self, body: &mut Body) {
         match self {
             Key::Parts(prefix, key) => body.bytes(&[prefix, key]),
@@ -45,6 +53,14 @@ pub(crate) enum EtcdOp<'a> {
 }
 
 impl EtcdOp<'_> {
+    /// The key this operation writes, and the end of its range if it deletes a range.
+    pub(crate) fn written(&self) -> (Vec<u8>, Option<Vec<u8>>) {
+        match self {
+            EtcdOp::Put { key, .. } => (key.joined(), None),
+            EtcdOp::Delete { key, end } => (key.joined(), end.clone()),
+        }
+    }
+
     pub(crate) fn write(&self, body: &mut Body) {
         match self {
             EtcdOp::Put { key, value } => {

@@ -5,8 +5,8 @@
 //!                                                Absent  -> CREATE == 0
 //!                                                Present -> CREATE >  0
 //!           the client's marker slot             VALUE  == its value as last known
-//! success:  the batch's operations (normalised), the partition's registry key (unless known
-//!           to exist), the slot set to "c" + the batch's number
+//! success:  the batch's operations (normalised), the slot set to "c" + the batch's number,
+//!           the partition's registry key (unless known to exist)
 //! failure:  nothing; after a lost answer: read the slot, set it to "x" + the batch's number
 //!           if it still holds the value expected, then read every guarded key (the same
 //!           reads, without the abort, when a refusal's revision was compacted)
@@ -25,6 +25,7 @@
 //! The body is written straight into one buffer ([`Body`]).
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use serde::Deserialize;
 
@@ -83,6 +84,22 @@ pub(crate) struct Txn<'a> {
     /// Whether the failure branch reads the slot and the guarded keys.
     reads_on_failure: bool,
     body: Vec<u8>,
+    /// Where the compares, the success operations (the batch's and the slot's) and the
+    /// registry put are in `body`, and how many compares and operations there are: what a
+    /// shared transaction takes from this one ([`super::group`]).
+    compares: Range<usize>,
+    success: Range<usize>,
+    registry: Option<Range<usize>>,
+    counts: (usize, usize),
+}
+
+/// The parts of a first attempt's body that a transaction shared by several batches is made
+/// of: its compares, its success operations, and its registry put (written once per group).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fragments<'b> {
+    pub(crate) compares: &'b [u8],
+    pub(crate) success: &'b [u8],
+    pub(crate) registry: Option<&'b [u8]>,
 }
 
 /// Where a batch goes and under which marker.
@@ -127,6 +144,7 @@ impl<'a> Txn<'a> {
                 + key_bytes * 4 / 3,
         );
         body.raw("{\"compare\":[");
+        let compares_start = body.as_bytes().len();
         for guard in batch.guards() {
             match guard {
                 Precondition::Equals(k, v) => {
@@ -154,21 +172,34 @@ impl<'a> Txn<'a> {
             .bytes(&[t.slot_key])
             .raw(",\"value\":")
             .bytes(&[t.slot_value])
-            .raw("}],\"success\":[");
-        for op in normalise(t.prefix, batch.ops()) {
+            .raw("}");
+        let compares = compares_start..body.as_bytes().len();
+        body.raw("],\"success\":[");
+        let success_start = body.as_bytes().len();
+        let ops = normalise(t.prefix, batch.ops());
+        for op in &ops {
             op.write(&mut body);
             body.raw(",");
-        }
-        if let Some(registry) = t.registry {
-            body.raw("{\"request_put\":{\"key\":")
-                .bytes(&[registry])
-                .raw("}},");
         }
         body.raw("{\"request_put\":{\"key\":")
             .bytes(&[t.slot_key])
             .raw(",\"value\":")
             .bytes(&[&committed])
-            .raw("}}]");
+            .raw("}}");
+        let success = success_start..body.as_bytes().len();
+        let registry = t.registry.map(|registry| {
+            body.raw(",");
+            let start = body.as_bytes().len();
+            body.raw("{\"request_put\":{\"key\":")
+                .bytes(&[registry])
+                .raw("}}");
+            start..body.as_bytes().len()
+        });
+        body.raw("]");
+        let counts = (
+            batch.guards().len() + 1,
+            ops.len() + 1 + usize::from(t.registry.is_some()),
+        );
         if reads_on_failure {
             body.raw(",\"failure\":[{\"request_range\":{\"key\":")
                 .bytes(&[t.slot_key])
@@ -206,7 +237,35 @@ impl<'a> Txn<'a> {
             aborted,
             reads_on_failure,
             body: body.into_bytes(),
+            compares,
+            success,
+            registry,
+            counts,
         }
+    }
+
+    /// The batch.
+    pub(crate) fn batch(&self) -> &'a Batch {
+        self.batch
+    }
+
+    /// Whether this attempt may share a transaction: it has no failure branch.
+    pub(crate) fn shareable(&self) -> bool {
+        !self.reads_on_failure
+    }
+
+    /// (compares, success operations) of this attempt, the registry put included.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        self.counts
+    }
+
+    /// Where this attempt's fragments are in [`Self::body`].
+    pub(crate) fn ranges(&self) -> (Range<usize>, Range<usize>, Option<Range<usize>>) {
+        (
+            self.compares.clone(),
+            self.success.clone(),
+            self.registry.clone(),
+        )
     }
 
     /// The request body.
@@ -238,7 +297,8 @@ impl<'a> Txn<'a> {
         self.settle(&ranges)
     }
 
-    fn committed(&self) -> Answer {
+    /// The answer when this attempt committed (alone or in a shared transaction).
+    pub(crate) fn committed(&self) -> Answer {
         Answer::Decided {
             outcome: Outcome::Committed,
             slot: self.committed.clone(),
