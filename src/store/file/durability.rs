@@ -47,8 +47,8 @@ pub(super) fn sync_what_open_found(
         let io = |e| Error::io(format!("rewriting journal segment {number} at open"), e);
         let file = &*segment.file;
         let len = file.len().map_err(io)?;
-        // The tail's records end at the tail offset: the zeros of its preallocated end were
-        // never written, and writing them would only allocate blocks.
+        // The tail's records end at the tail offset: the zeros of its prepared end hold no
+        // records, and writing them again would only cost time.
         let end = if number == tail.tail_segment {
             len.min(tail.tail_offset)
         } else {

@@ -787,7 +787,9 @@ impl FileStore {
             files,
         );
         #[cfg(feature = "fault-injection")]
-        let journal = journal.with_pin_switch(config.reader_pin.clone());
+        let journal = journal
+            .with_pin_switch(config.reader_pin.clone())
+            .with_sparse_steps(config.skip_syncs.contains(&SkipSync::ZeroFill));
         let journal = Arc::new(journal);
         let table = table::Table {
             base,

@@ -1,0 +1,322 @@
+//! Zero-filled journal steps (docs/DESIGN.md, "Segments and records"): before records go into
+//! new space of a segment, that space is written as zeros and synced, so a commit's `fdatasync`
+//! overwrites blocks already allocated and has no block allocation or file size to commit.
+//!
+//! The journal's writes are recorded through a wrapping [`Vfs`] over [`FaultFs`] and checked in
+//! order: every record lands in bytes a write of zeros covered and a later sync made durable.
+//! On the operating system's files, the tail segment holds its blocks (it is not sparse).
+//! `SkipSync::ZeroFill` (steps sized with `set_len`) is the negative control of both.
+
+mod common;
+
+use std::fmt;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use common::disk::{Tally, builder};
+use portcullis::store::{
+    FaultFs, FileStore, OpenMode, PathKind, SkipSync, Store, Vfs, VfsFile, VfsLock,
+};
+
+/// The segment header, written over the zeros of a new segment's first step.
+const HEADER_LEN: u64 = 32;
+
+/// One change to a journal segment file, in the order the store made it.
+#[derive(Clone, Debug)]
+enum Op {
+    Write { offset: u64, len: u64, zeros: bool },
+    Sync,
+    SetLen(u64),
+}
+
+type Log = Arc<Mutex<Vec<(PathBuf, Op)>>>;
+
+/// A [`Vfs`] that logs every write, sync and `set_len` of the journal's segment files.
+#[derive(Debug)]
+struct Recording {
+    inner: Arc<dyn Vfs>,
+    log: Log,
+}
+
+struct RecordingFile {
+    inner: Arc<dyn VfsFile>,
+    path: PathBuf,
+    log: Log,
+}
+
+impl fmt::Debug for RecordingFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl RecordingFile {
+    fn note(&self, op: Op) {
+        if self.path.extension().is_some_and(|e| e == "seg") {
+            self.log.lock().push((self.path.clone(), op));
+        }
+    }
+}
+
+impl VfsFile for RecordingFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.inner.write_all_at(buf, offset)?;
+        self.note(Op::Write {
+            offset,
+            len: buf.len() as u64,
+            zeros: buf.iter().all(|&b| b == 0),
+        });
+        Ok(())
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.inner.sync_data()?;
+        self.note(Op::Sync);
+        Ok(())
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)?;
+        self.note(Op::SetLen(len));
+        Ok(())
+    }
+}
+
+impl Vfs for Recording {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
+        Ok(Arc::new(RecordingFile {
+            inner: self.inner.open(path, mode)?,
+            path: path.to_path_buf(),
+            log: self.log.clone(),
+        }))
+    }
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(path)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn kind(&self, path: &Path) -> io::Result<Option<PathKind>> {
+        self.inner.kind(path)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+    fn try_lock(&self, path: &Path) -> io::Result<Box<dyn VfsLock>> {
+        self.inner.try_lock(path)
+    }
+}
+
+/// Byte ranges of one file, kept sorted and merged.
+#[derive(Default, Clone)]
+struct Ranges(Vec<(u64, u64)>);
+
+impl Ranges {
+    fn add(&mut self, from: u64, to: u64) {
+        self.0.push((from, to));
+        self.0.sort();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for &(a, b) in &self.0 {
+            match merged.last_mut() {
+                Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        self.0 = merged;
+    }
+    fn cut_at(&mut self, len: u64) {
+        self.0.retain(|r| r.0 < len);
+        for r in &mut self.0 {
+            r.1 = r.1.min(len);
+        }
+    }
+    fn covers(&self, from: u64, to: u64) -> bool {
+        self.0.iter().any(|&(a, b)| a <= from && to <= b)
+    }
+}
+
+/// Replays the log: returns the record writes (path, offset, length) that went into bytes of
+/// their segment no synced write of zeros had prepared. A segment's header is not a record.
+fn records_outside_prepared_space(log: &[(PathBuf, Op)]) -> Vec<(PathBuf, u64, u64)> {
+    #[derive(Default)]
+    struct File {
+        zeroed: Ranges,
+        prepared: Ranges,
+    }
+    let mut files: std::collections::HashMap<PathBuf, File> = Default::default();
+    let mut bad = Vec::new();
+    let mut records = 0;
+    for (path, op) in log {
+        let f = files.entry(path.clone()).or_default();
+        match *op {
+            Op::Write { offset, len, zeros } if zeros => f.zeroed.add(offset, offset + len),
+            Op::Write { offset, len, .. } => {
+                if offset < HEADER_LEN {
+                    continue;
+                }
+                records += 1;
+                if !f.prepared.covers(offset, offset + len) {
+                    bad.push((path.clone(), offset, len));
+                }
+            }
+            Op::Sync => {
+                for &(a, b) in &f.zeroed.0.clone() {
+                    f.prepared.add(a, b);
+                }
+                f.zeroed = Ranges::default();
+            }
+            Op::SetLen(len) => {
+                f.zeroed.cut_at(len);
+                f.prepared.cut_at(len);
+            }
+        }
+    }
+    assert!(records > 0, "the workload wrote records");
+    bad
+}
+
+/// Runs a workload that covers each way new space is made: the first write after open (a new
+/// store, a clean reopen, a reopen after a killed process), rollovers into new segments
+/// (4 KiB segments), and steps within a large segment (8 MiB segments, 64 KiB records).
+/// Returns the log of the journal's writes.
+fn run_workload(skip: Option<SkipSync>) -> Vec<(PathBuf, Op)> {
+    let log: Log = Default::default();
+    let mut fs = FaultFs::new();
+    let open = |fs: &FaultFs, segment_bytes: u64| {
+        let mut b = builder(fs)
+            .vfs(Arc::new(Recording {
+                inner: Arc::new(fs.clone()),
+                log: log.clone(),
+            }))
+            .segment_bytes(segment_bytes);
+        if let Some(skip) = skip {
+            b = b.skip_sync(skip);
+        }
+        b.open().unwrap()
+    };
+    let mut tally = Tally::default();
+    // Small segments: each rollover creates a segment whose only step is the whole segment.
+    let store = open(&fs, 4096);
+    for i in 0..40 {
+        tally.put(&store, &format!("p{}", i % 3), 150);
+    }
+    store.close().unwrap();
+    let store = open(&fs, 4096);
+    for i in 0..10 {
+        tally.put(&store, &format!("p{}", i % 3), 150);
+    }
+    let image = fs.crash_process();
+    drop(store);
+    fs = image;
+    let store = open(&fs, 4096);
+    tally.put(&store, "after", 150);
+    assert!(tally.refused(&store).is_empty());
+    store.close().unwrap();
+    // A large segment: it is prepared a step at a time, as its records reach each step.
+    let fs = FaultFs::new();
+    let store = open(&fs, 8 << 20);
+    let mut tally = Tally::default();
+    for i in 0..40 {
+        tally.put(&store, &format!("q{}", i % 3), 64 << 10);
+    }
+    assert!(tally.refused(&store).is_empty());
+    store.close().unwrap();
+    log.lock().clone()
+}
+
+/// Every record is written into space a write of zeros covered and a sync made durable first:
+/// a commit's sync never has to allocate blocks or commit a new file size.
+#[test]
+fn records_go_only_into_zeros_already_written_and_synced() {
+    let log = run_workload(None);
+    let bad = records_outside_prepared_space(&log);
+    assert!(
+        bad.is_empty(),
+        "records written into unprepared space: {bad:?}"
+    );
+    let zero_bytes: u64 = log
+        .iter()
+        .filter_map(|(_, op)| match op {
+            Op::Write { len, zeros, .. } if *zeros => Some(*len),
+            _ => None,
+        })
+        .sum();
+    // The large segment's 2.5 MiB of records were prepared a step (1 MiB) at a time.
+    assert!(zero_bytes >= 3 << 20, "{zero_bytes} bytes of zeros written");
+}
+
+/// Negative control: with steps sized by `set_len` alone, records go into holes the sync
+/// must allocate, which the check above finds.
+#[test]
+fn without_the_zero_fill_records_go_into_holes() {
+    let log = run_workload(Some(SkipSync::ZeroFill));
+    let bad = records_outside_prepared_space(&log);
+    assert!(
+        !bad.is_empty(),
+        "the check found nothing without the zero fill"
+    );
+}
+
+/// Opens a store on the operating system's files, commits a few batches and returns how many
+/// bytes the tail segment holds blocks for, and its length.
+fn tail_allocation(skip: Option<SkipSync>) -> (u64, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = FileStore::builder(dir.path());
+    if let Some(skip) = skip {
+        b = b.skip_sync(skip);
+    }
+    let store = b.open().unwrap();
+    let mut tally = Tally::default();
+    for i in 0..20 {
+        tally.put(&store, &format!("p{}", i % 3), 150);
+    }
+    let journal = dir.path().join("journal");
+    let mut names: Vec<_> = std::fs::read_dir(&journal)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    let meta = std::fs::metadata(journal.join(names.last().unwrap())).unwrap();
+    drop(store);
+    (meta.blocks() * 512, meta.len())
+}
+
+/// Whether the file system under the temporary directory leaves a `set_len` extension
+/// unallocated (a hole); if it does not, a sparse and a written file cannot be told apart.
+fn holes_are_visible() -> bool {
+    let dir = tempfile::tempdir().unwrap();
+    let f = std::fs::File::create(dir.path().join("probe")).unwrap();
+    f.set_len(1 << 20).unwrap();
+    f.metadata().unwrap().blocks() * 512 < 1 << 20
+}
+
+/// On the operating system's files the tail segment's prepared step holds its blocks: written
+/// zeros, not a hole.
+#[test]
+fn the_tail_segment_on_disk_holds_its_blocks() {
+    if !holes_are_visible() {
+        eprintln!("the file system allocates set_len extensions: nothing to tell apart");
+        return;
+    }
+    let (allocated, len) = tail_allocation(None);
+    assert_eq!(len, 1 << 20, "the tail is prepared one step ahead");
+    assert!(allocated >= len, "{allocated} of {len} bytes allocated");
+    // Negative control: sized with `set_len`, the tail is mostly a hole.
+    let (allocated, len) = tail_allocation(Some(SkipSync::ZeroFill));
+    assert_eq!(len, 1 << 20);
+    assert!(allocated < len / 2, "{allocated} of {len} bytes allocated");
+}
