@@ -1,7 +1,7 @@
 //! Opening a store: the directory and its lock, the manifest and heads snapshot, the journal
 //! scan, and the [`Inner`] they build; also the [`OpenReport`] that says what open read.
 //!
-//! May call: the format, recovery, heads, container, segments, table, durability and journal
+//! May call: the recovery, heads, container, damage, segments, table, durability and journal
 //! modules; writes its first snapshot through [`Inner::write_snapshot`].
 
 use std::collections::HashMap;
