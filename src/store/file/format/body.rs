@@ -1,0 +1,413 @@
+//! Record bodies: encoding a batch or a base (whole or in parts) into the bytes a frame
+//! carries, and decoding them back. Pure functions: no I/O.
+//!
+//! May call: the frame-level items of [`super`] (locations, record kinds) only.
+
+use std::ops::Bound;
+
+use super::{Loc, RecordKind, ValueLoc};
+use crate::error::{Error, Result};
+use crate::store::types::{KeyRange, Op};
+
+/// A batch operation as journaled: values stay in the body, located by offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JournalOp {
+    /// Key, and the value's offset and length within the body.
+    Put(Vec<u8>, u32, u32),
+    Delete(Vec<u8>),
+    DeleteRange(KeyRange),
+}
+
+/// A decoded record body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Body {
+    pub partition: Vec<u8>,
+    pub prev: Loc,
+    pub content: Content,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Content {
+    Batch(Vec<JournalOp>),
+    Base(Vec<(Vec<u8>, ValueLoc)>),
+    /// Part `part` (from 0) of `parts` of a split base.
+    BasePart {
+        part: u32,
+        parts: u32,
+        entries: Vec<(Vec<u8>, ValueLoc)>,
+    },
+}
+
+const OP_PUT: u8 = 1;
+const OP_DELETE: u8 = 2;
+const OP_DELETE_RANGE: u8 = 3;
+
+/// The exact length of the body [`encode_batch_body`] makes: keys and values plus the framing
+/// of every operation, a `DeleteRange` included. Computed without encoding, so a batch whose
+/// record would exceed [`MAX_BODY_LEN`](super::MAX_BODY_LEN) is refused before anything is
+/// built or written.
+pub fn batch_body_len(partition: &[u8], ops: &[Op]) -> usize {
+    let mut size = 1 + partition.len() + 8 + 4;
+    for op in ops {
+        size += match op {
+            Op::Put(k, v) => 1 + 2 + k.len() + 4 + v.len(),
+            Op::Delete(k) => 1 + 2 + k.len(),
+            Op::DeleteRange(r) => 1 + bound_size(&r.start) + bound_size(&r.end),
+        };
+    }
+    size
+}
+
+/// Encodes a batch body. Returns the body and, per Put op in order, the value's offset in it.
+pub fn encode_batch_body(partition: &[u8], prev: Loc, ops: &[Op]) -> (Vec<u8>, Vec<u32>) {
+    let mut b = Vec::with_capacity(batch_body_len(partition, ops));
+    put_name(&mut b, partition, prev);
+    b.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+    let mut value_offsets = Vec::new();
+    for op in ops {
+        match op {
+            Op::Put(k, v) => {
+                b.push(OP_PUT);
+                put_key(&mut b, k);
+                b.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                value_offsets.push(b.len() as u32);
+                b.extend_from_slice(v);
+            }
+            Op::Delete(k) => {
+                b.push(OP_DELETE);
+                put_key(&mut b, k);
+            }
+            Op::DeleteRange(r) => {
+                b.push(OP_DELETE_RANGE);
+                put_bound(&mut b, &r.start);
+                put_bound(&mut b, &r.end);
+            }
+        }
+    }
+    (b, value_offsets)
+}
+
+/// Bytes one index entry takes in a base body.
+pub fn base_entry_len(key: &[u8]) -> usize {
+    2 + key.len() + 16
+}
+
+/// Bytes of a base body before its entries (a part's adds 8 for its place in the run).
+pub fn base_head_len(partition: &[u8]) -> usize {
+    1 + partition.len() + 8 + 4
+}
+
+/// Encodes a base body: the partition's whole index.
+pub fn encode_base_body<'a>(
+    partition: &[u8],
+    prev: Loc,
+    entries: impl ExactSizeIterator<Item = (&'a [u8], &'a ValueLoc)>,
+) -> Vec<u8> {
+    let mut b = Vec::with_capacity(16 + partition.len() + entries.len() * 40);
+    put_name(&mut b, partition, prev);
+    put_entries(&mut b, entries);
+    b
+}
+
+/// Encodes part `part` of `parts` of a split base: a slice of the index, in key order.
+pub fn encode_base_part_body<'a>(
+    partition: &[u8],
+    prev: Loc,
+    part: u32,
+    parts: u32,
+    entries: impl ExactSizeIterator<Item = (&'a [u8], &'a ValueLoc)>,
+) -> Vec<u8> {
+    let mut b = Vec::with_capacity(24 + partition.len() + entries.len() * 40);
+    put_name(&mut b, partition, prev);
+    b.extend_from_slice(&part.to_le_bytes());
+    b.extend_from_slice(&parts.to_le_bytes());
+    put_entries(&mut b, entries);
+    b
+}
+
+fn put_entries<'a>(
+    b: &mut Vec<u8>,
+    entries: impl ExactSizeIterator<Item = (&'a [u8], &'a ValueLoc)>,
+) {
+    b.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    for (k, v) in entries {
+        put_key(b, k);
+        b.extend_from_slice(&v.at.to_le_bytes());
+        b.extend_from_slice(&v.len.to_le_bytes());
+        b.extend_from_slice(&v.crc.to_le_bytes());
+    }
+}
+
+fn put_name(b: &mut Vec<u8>, partition: &[u8], prev: Loc) {
+    b.push(partition.len() as u8);
+    b.extend_from_slice(partition);
+    b.extend_from_slice(&prev.to_le_bytes());
+}
+
+fn put_key(b: &mut Vec<u8>, k: &[u8]) {
+    b.extend_from_slice(&(k.len() as u16).to_le_bytes());
+    b.extend_from_slice(k);
+}
+
+fn bound_size(bound: &Bound<Vec<u8>>) -> usize {
+    match bound {
+        Bound::Included(k) | Bound::Excluded(k) => 3 + k.len(),
+        Bound::Unbounded => 1,
+    }
+}
+
+fn put_bound(b: &mut Vec<u8>, bound: &Bound<Vec<u8>>) {
+    match bound {
+        Bound::Included(k) => {
+            b.push(1);
+            put_key(b, k);
+        }
+        Bound::Excluded(k) => {
+            b.push(2);
+            put_key(b, k);
+        }
+        Bound::Unbounded => b.push(0),
+    }
+}
+
+/// A cursor over body bytes that never panics and never over-allocates: every length is
+/// checked against what remains before it is used.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.at.checked_add(n)?;
+        let s = self.bytes.get(self.at..end)?;
+        self.at = end;
+        Some(s)
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+    fn key(&mut self) -> Option<Vec<u8>> {
+        let n = self.u16()? as usize;
+        Some(self.take(n)?.to_vec())
+    }
+    fn bound(&mut self) -> Option<Bound<Vec<u8>>> {
+        match self.u8()? {
+            0 => Some(Bound::Unbounded),
+            1 => Some(Bound::Included(self.key()?)),
+            2 => Some(Bound::Excluded(self.key()?)),
+            _ => None,
+        }
+    }
+    fn remaining(&self) -> usize {
+        self.bytes.len() - self.at
+    }
+}
+
+/// The most bytes [`decode_body_head`] reads: the name's length (1), the name (at most 255) and
+/// the previous-record location (8).
+pub const BODY_HEAD_MAX: usize = 1 + 255 + 8;
+
+/// Reads only the partition name and the previous-record location of a body.
+pub fn decode_body_head(body: &[u8]) -> Option<(&[u8], Loc)> {
+    let mut r = Reader { bytes: body, at: 0 };
+    let n = r.u8()? as usize;
+    let name = r.take(n)?;
+    let prev = r.u64()?;
+    Some((name, prev))
+}
+
+/// Reads the place of a base part in its run: (part, parts). `None` if malformed.
+pub fn decode_base_part_head(body: &[u8]) -> Option<(u32, u32)> {
+    let mut r = Reader { bytes: body, at: 0 };
+    let n = r.u8()? as usize;
+    r.take(n)?;
+    r.u64()?;
+    let part = r.u32()?;
+    let parts = r.u32()?;
+    (part < parts).then_some((part, parts))
+}
+
+/// Decodes a whole body. Fails (never panics) on any malformed input.
+pub fn decode_body(kind: RecordKind, body: &[u8]) -> Result<Body> {
+    decode_body_inner(kind, body)
+        .ok_or_else(|| Error::corrupt("journal record", "malformed record body"))
+}
+
+fn decode_body_inner(kind: RecordKind, body: &[u8]) -> Option<Body> {
+    let mut r = Reader { bytes: body, at: 0 };
+    let n = r.u8()? as usize;
+    let partition = r.take(n)?.to_vec();
+    let prev = r.u64()?;
+    let place = match kind {
+        RecordKind::BasePart => {
+            let part = r.u32()?;
+            let parts = r.u32()?;
+            if part >= parts {
+                return None;
+            }
+            Some((part, parts))
+        }
+        _ => None,
+    };
+    let count = r.u32()? as usize;
+    let content = match kind {
+        RecordKind::Batch => {
+            // Each op takes at least 2 bytes, so a count beyond that is a lie: refuse before
+            // allocating for it.
+            if count > r.remaining() / 2 {
+                return None;
+            }
+            let mut ops = Vec::with_capacity(count);
+            for _ in 0..count {
+                ops.push(match r.u8()? {
+                    OP_PUT => {
+                        let k = r.key()?;
+                        let len = r.u32()?;
+                        let at = r.at as u32;
+                        r.take(len as usize)?;
+                        JournalOp::Put(k, at, len)
+                    }
+                    OP_DELETE => JournalOp::Delete(r.key()?),
+                    OP_DELETE_RANGE => {
+                        let start = r.bound()?;
+                        let end = r.bound()?;
+                        JournalOp::DeleteRange(KeyRange { start, end })
+                    }
+                    _ => return None,
+                });
+            }
+            Content::Batch(ops)
+        }
+        RecordKind::Base | RecordKind::BasePart => {
+            if count > r.remaining() / 18 {
+                return None;
+            }
+            let mut entries = Vec::with_capacity(count);
+            for _ in 0..count {
+                let k = r.key()?;
+                let at = r.u64()?;
+                let len = r.u32()?;
+                let crc = r.u32()?;
+                entries.push((k, ValueLoc { at, len, crc }));
+            }
+            match place {
+                Some((part, parts)) => Content::BasePart {
+                    part,
+                    parts,
+                    entries,
+                },
+                None => Content::Base(entries),
+            }
+        }
+    };
+    if r.remaining() != 0 {
+        return None;
+    }
+    Some(Body {
+        partition,
+        prev,
+        content,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{decode_frame, loc};
+    use super::*;
+
+    #[test]
+    fn bodies_round_trip() {
+        let ops = vec![
+            Op::Put(b"k".to_vec(), b"value".to_vec()),
+            Op::Delete(b"d".to_vec()),
+            Op::DeleteRange(KeyRange::between(b"a".to_vec(), b"b".to_vec())),
+            Op::DeleteRange(KeyRange::all()),
+        ];
+        let (body, offsets) = encode_batch_body(b"part", loc(3, 100), &ops);
+        assert_eq!(
+            body.len(),
+            batch_body_len(b"part", &ops),
+            "every op is counted"
+        );
+        let decoded = decode_body(RecordKind::Batch, &body).unwrap();
+        assert_eq!(decoded.partition, b"part");
+        assert_eq!(decoded.prev, loc(3, 100));
+        let Content::Batch(jops) = decoded.content else {
+            panic!()
+        };
+        assert_eq!(jops[0], JournalOp::Put(b"k".to_vec(), offsets[0], 5));
+        assert_eq!(
+            &body[offsets[0] as usize..offsets[0] as usize + 5],
+            b"value"
+        );
+        assert_eq!(jops.len(), 4);
+        // Every truncation of a valid body is refused without panicking.
+        for cut in 0..body.len() {
+            assert!(decode_body(RecordKind::Batch, &body[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn base_parts_round_trip() {
+        let v = ValueLoc {
+            at: loc(2, 40),
+            len: 3,
+            crc: 9,
+        };
+        let keys = [b"a".to_vec(), b"b".to_vec()];
+        let entries = keys.iter().map(|k| (k.as_slice(), &v));
+        let body = encode_base_part_body(b"part", loc(1, 32), 1, 3, entries);
+        assert_eq!(
+            body.len(),
+            base_head_len(b"part") + 8 + base_entry_len(b"a") + base_entry_len(b"b")
+        );
+        assert_eq!(decode_base_part_head(&body), Some((1, 3)));
+        let decoded = decode_body(RecordKind::BasePart, &body).unwrap();
+        assert_eq!(decoded.prev, loc(1, 32));
+        assert_eq!(
+            decoded.content,
+            Content::BasePart {
+                part: 1,
+                parts: 3,
+                entries: vec![(b"a".to_vec(), v), (b"b".to_vec(), v)],
+            }
+        );
+        // A part outside its run is malformed.
+        let bad = encode_base_part_body(b"part", 0, 3, 3, std::iter::empty());
+        assert!(decode_body(RecordKind::BasePart, &bad).is_err());
+        assert_eq!(decode_base_part_head(&bad), None);
+        for cut in 0..body.len() {
+            assert!(decode_body(RecordKind::BasePart, &body[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        let mut x: u64 = 1;
+        for len in 0..300 {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let _ = decode_body(RecordKind::Batch, &bytes);
+            let _ = decode_body(RecordKind::Base, &bytes);
+            let _ = decode_body(RecordKind::BasePart, &bytes);
+            let _ = decode_base_part_head(&bytes);
+            let _ = decode_frame(1, &bytes);
+        }
+    }
+}

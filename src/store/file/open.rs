@@ -1,0 +1,342 @@
+//! Opening a store: the directory and its lock, the manifest and heads snapshot, the journal
+//! scan, and the [`Inner`] they build; also the [`OpenReport`] that says what open read.
+//!
+//! May call: the recovery, heads, container, damage, segments, table, durability and journal
+//! modules; writes its first snapshot through [`Inner::write_snapshot`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+#[cfg(feature = "fault-injection")]
+use super::SkipSync;
+#[cfg(feature = "fault-injection")]
+use super::fault;
+use super::journal::Journal;
+use super::recovery::Damage;
+use super::{
+    DamagedRecord, FileStore, FileStoreBuilder, Inner, JOURNAL_DIR, LOCK_FILE, MANIFEST,
+    MANIFEST_MAGIC, PathKind, SnapshotState, StoreDamage, SyncPolicy, TornTail, compaction,
+    container, damage, decode_manifest, durability, heads, recovery, scatter, segments, table,
+    unload, values,
+};
+use crate::error::{Error, Result};
+
+/// What opening the store read, and how long it took (SPEC S5).
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct OpenReport {
+    /// Wall time of the whole open.
+    pub elapsed: Duration,
+    /// Whether the directory held no store and one was created.
+    pub created: bool,
+    /// Bytes of heads snapshot read.
+    pub snapshot_bytes: u64,
+    /// Whether the store had to be rebuilt by scanning the whole journal (the snapshot or the
+    /// manifest was missing or unreadable).
+    pub rebuilt_by_full_scan: bool,
+    /// Why it was rebuilt: which file was missing or damaged, and how.
+    pub rebuild_reason: Option<String>,
+    /// Bytes of journal scanned (only what was written after the snapshot).
+    pub journal_bytes_scanned: u64,
+    /// Records scanned in that journal.
+    pub records_scanned: u64,
+    /// Partitions known after open.
+    pub partitions: u64,
+    /// The torn tail that was truncated, if any.
+    pub torn_tail: Option<TornTail>,
+    /// Damaged records and ranges this open found in the journal it scanned (SPEC S4). Open
+    /// does not read older, sealed segments: damage there is found, refused and recorded by
+    /// the first load that needs it (see [`FileStore::damage`]).
+    pub damaged: Vec<DamagedRecord>,
+    /// Everything the store refuses after open: what this open found plus what earlier opens
+    /// found and no operator has accepted (see [`FileStore::damage`]).
+    pub refused: StoreDamage,
+}
+
+impl FileStore {
+    #[cfg_attr(not(feature = "fault-injection"), allow(unused_mut))]
+    pub(super) fn open_with(mut config: FileStoreBuilder) -> Result<FileStore> {
+        let started = Instant::now();
+        #[cfg(feature = "fault-injection")]
+        {
+            config.vfs =
+                fault::skip::SkippingVfs::wrap(config.vfs.clone(), &config.dir, &config.skip_syncs);
+        }
+        let vfs = config.vfs.clone();
+        let dir = config.dir.clone();
+        let io = |what: &str, e| Error::io(format!("{what} {}", dir.display()), e);
+        match vfs.kind(&dir).map_err(|e| io("inspecting", e))? {
+            Some(PathKind::File) => {
+                return Err(Error::invalid(format!(
+                    "{} is a file; a store needs a directory",
+                    dir.display()
+                )));
+            }
+            Some(PathKind::Dir) => {}
+            None => durability::create_dir_durably(&*vfs, &dir)?,
+        }
+        let lock = match vfs.try_lock(&dir.join(LOCK_FILE)) {
+            Ok(lock) => lock,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(Error::Locked {
+                    path: dir.display().to_string(),
+                });
+            }
+            Err(e) => return Err(io("locking", e)),
+        };
+        let journal_dir = dir.join(JOURNAL_DIR);
+        if vfs.kind(&journal_dir).map_err(|e| io("inspecting", e))? != Some(PathKind::Dir) {
+            durability::create_dir_durably(&*vfs, &journal_dir)?;
+        }
+
+        let mut report = OpenReport::default();
+        let mut damage = Damage::default();
+        let rebuild = |report: &mut OpenReport, why: String| {
+            log::warn!("{why}; rebuilding by a full scan");
+            report.rebuilt_by_full_scan = true;
+            report.rebuild_reason.get_or_insert(why);
+        };
+        let manifest = match container::read(&*vfs, &dir, MANIFEST, MANIFEST_MAGIC)
+            .and_then(|m| m.map(|env| decode_manifest(&env)).transpose())
+        {
+            Ok(m) => m,
+            Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
+            Err(e) => {
+                // Keep the damaged file as evidence; a fresh manifest is written after the
+                // rebuild. The damage it recorded is also in the newest snapshot.
+                let aside = dir.join(format!("{MANIFEST}.damaged"));
+                if let Err(e) = vfs.rename(&dir.join(MANIFEST), &aside) {
+                    log::warn!("could not move the damaged manifest aside: {e}");
+                }
+                rebuild(&mut report, format!("the manifest is unusable ({e})"));
+                damage.merge(damage::from_newest_snapshot(&*vfs, &dir));
+                None
+            }
+        };
+        let numbers = recovery::list_segments(&*vfs, &journal_dir)?;
+        let created = manifest.is_none() && numbers.is_empty() && !report.rebuilt_by_full_scan;
+        report.created = created;
+
+        let mut snapshot_name = None;
+        let mut start = None;
+        let mut heads = HashMap::new();
+        let mut base = None;
+        // A snapshot of an older format is read whole and rewritten in the current one.
+        let mut convert = false;
+        // Garbage made after the snapshot (at most `snapshot_every_bytes` of journal, unless the
+        // process crashed) and before a full-scan rebuild is not counted.
+        let mut garbage = 0;
+        if let Some(m) = &manifest {
+            damage.merge(m.damage.clone());
+        }
+        match manifest.as_ref().and_then(|m| m.snapshot.clone()) {
+            Some(name) => match heads::open(&*vfs, &dir, &name) {
+                Ok(Some(snap)) => {
+                    report.snapshot_bytes = snap.bytes;
+                    let position = snap.position;
+                    start = Some((position.segment, position.offset, position.next_lsn));
+                    garbage = position.garbage_bytes;
+                    match snap.heads {
+                        heads::Heads::Paged(pages) => base = Some(Arc::new(pages)),
+                        heads::Heads::Listed(listed) => {
+                            log::info!("converting heads snapshot {name} to the paged format");
+                            convert = true;
+                            heads = listed
+                                .into_iter()
+                                .map(|(k, v)| (k.into_boxed_slice(), v))
+                                .collect();
+                        }
+                    }
+                    damage.merge(position.damage);
+                    snapshot_name = Some(name);
+                }
+                Ok(None) => rebuild(&mut report, format!("heads snapshot {name} is missing")),
+                Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
+                Err(e) => rebuild(&mut report, format!("heads snapshot unusable ({e})")),
+            },
+            None if !numbers.is_empty() && !report.rebuilt_by_full_scan => rebuild(
+                &mut report,
+                "no manifest or snapshot beside the journal".to_owned(),
+            ),
+            None => {}
+        }
+
+        let files =
+            segments::SegmentFiles::new(journal_dir.clone(), vfs.clone(), config.max_open_segments);
+        // Only the segments the scan reads are opened here (from the snapshot's on; all of them
+        // for a rebuild); older ones are checked on first use. Every read goes through the
+        // bounded table, so no number of segments exhausts the file descriptors.
+        #[allow(unused_mut)]
+        let mut segments = recovery::open_segments_with(
+            &*vfs,
+            &journal_dir,
+            &numbers,
+            start.map_or(0, |(s, _, _)| s),
+            // The handle that read the header joins the table: the scan reads through it.
+            |number, file| {
+                files.adopt(number, file);
+                files.file(number)
+            },
+        )?;
+        #[cfg(feature = "fault-injection")]
+        if config.skip_syncs.contains(&SkipSync::ZeroEndCheck) {
+            segments.zero_end_check = false;
+        }
+        let outcome = recovery::scan(
+            &*vfs,
+            &journal_dir,
+            segments,
+            start.map(|(s, o, _)| (s, o)),
+            start.map(|(_, _, l)| l),
+            recovery::Known {
+                heads,
+                pages: base.as_deref(),
+            },
+            &damage,
+        )?;
+        #[cfg(feature = "fault-injection")]
+        let (skip_tail, trust_anything) = (
+            config.skip_syncs.contains(&SkipSync::ScannedTail),
+            config.skip_syncs.contains(&SkipSync::FoundNothingCheck),
+        );
+        #[cfg(not(feature = "fault-injection"))]
+        let (skip_tail, trust_anything) = (false, false);
+        let scan_start = start.map(|(s, o, _)| (s, o));
+        // After a clean close there is nothing to make durable: no write, no sync.
+        if !(trust_anything || durability::found_nothing(&outcome, scan_start)) {
+            durability::sync_what_open_found(
+                &*vfs,
+                &dir,
+                &journal_dir,
+                &outcome.tail,
+                scan_start,
+                skip_tail,
+            )?;
+        }
+        report.journal_bytes_scanned = outcome.bytes_scanned;
+        report.records_scanned = outcome.records_scanned;
+        report.torn_tail = outcome.torn_tail.clone();
+        report.damaged = outcome.records.clone();
+        let overlay = table::overlay_of(base.as_deref(), outcome.heads, convert);
+        report.partitions = base.as_ref().map_or(0, |b| b.partitions())
+            + overlay.values().filter(|k| !k.in_base).count() as u64;
+        let found_damage = !outcome.damage.is_empty();
+        let persisted = damage.clone();
+        damage.merge(outcome.damage);
+        report.refused = damage::describe(&damage);
+
+        let journal = Journal::new(
+            journal_dir,
+            vfs.clone(),
+            config.sync_policy,
+            config.segment_bytes,
+            outcome.tail,
+            files,
+        );
+        #[cfg(feature = "fault-injection")]
+        let journal = journal
+            .with_pin_switch(config.reader_pin.clone())
+            .with_sparse_steps(config.skip_syncs.contains(&SkipSync::ZeroFill));
+        let journal = Arc::new(journal);
+        let table = table::Table {
+            base,
+            overlay,
+            touched: HashMap::new(),
+        };
+        let syncer = match config.sync_policy {
+            SyncPolicy::PeriodicMayLoseRecent { interval_ms } => {
+                Some(spawn_periodic_syncer(journal.clone(), interval_ms))
+            }
+            _ => None,
+        };
+        // New damage is persisted at once: the next open may not scan where it was found.
+        let needs_snapshot =
+            report.rebuilt_by_full_scan || manifest.is_none() || found_damage || convert;
+        // The snapshot on disk describes the journal exactly when open found nothing after it.
+        let snapshot_current = snapshot_name.is_some()
+            && report.journal_bytes_scanned == 0
+            && report.torn_tail.is_none()
+            && report.damaged.is_empty();
+        #[cfg(feature = "fault-injection")]
+        let scatter_off = config.skip_scatter_trigger;
+        #[cfg(not(feature = "fault-injection"))]
+        let scatter_off = false;
+        let scatter = scatter::Scatter::new(config.segment_bytes, scatter_off);
+        let inner = Arc::new(Inner {
+            config,
+            journal,
+            table: RwLock::new(table),
+            refuses_unknown: AtomicBool::new(!damage.unattributed.is_empty()),
+            damage: Mutex::new(damage),
+            closed: AtomicBool::new(false),
+            lock: Mutex::new(Some(lock)),
+            report: OpenReport::default(),
+            snapshot: Mutex::new(SnapshotState {
+                newest: snapshot_name,
+                finished: false,
+                current_at: (snapshot_current && !convert).then_some(0),
+                damage_on_disk: persisted,
+                abandoned: false,
+            }),
+            snapshot_running: AtomicBool::new(false),
+            bytes_at_last_snapshot: AtomicU64::new(0),
+            compaction_running: AtomicBool::new(false),
+            compaction_lock: Mutex::new(()),
+            batches: AtomicU64::new(0),
+            loaded: AtomicU64::new(0),
+            compactions: AtomicU64::new(0),
+            garbage_bytes: AtomicU64::new(garbage),
+            scatter,
+            background: compaction::Background::default(),
+            index_budget: unload::IndexBudget::default(),
+            recent: values::RecentRecords::default(),
+            syncer: Mutex::new(syncer),
+        });
+        if needs_snapshot {
+            // A new store gets its manifest at once; a rebuilt one gets a snapshot, so the
+            // next open is fast again.
+            inner.write_snapshot()?;
+        }
+        report.elapsed = started.elapsed();
+        log::info!(
+            "opened store {}: {} partitions, {} snapshot bytes, {} journal bytes scanned in {:?}",
+            inner.config.dir.display(),
+            report.partitions,
+            report.snapshot_bytes,
+            report.journal_bytes_scanned,
+            report.elapsed
+        );
+        let mut inner = inner;
+        Arc::get_mut(&mut inner)
+            .expect("no other handle exists yet")
+            .report = report;
+        Ok(FileStore { inner })
+    }
+}
+
+fn spawn_periodic_syncer(
+    journal: Arc<Journal>,
+    interval_ms: u64,
+) -> crossbeam::channel::Sender<()> {
+    let (stop, stopped) = crossbeam::channel::bounded::<()>(0);
+    let interval = Duration::from_millis(interval_ms.max(1));
+    std::thread::Builder::new()
+        .name("portcullis-sync".into())
+        .spawn(move || {
+            // Runs until the store drops its sender.
+            while let Err(crossbeam::channel::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(interval)
+            {
+                if let Err(e) = journal.sync_all() {
+                    log::warn!("periodic sync failed: {e}");
+                    return;
+                }
+            }
+        })
+        .expect("spawning the periodic sync thread");
+    stop
+}
