@@ -219,6 +219,14 @@ pub fn load_index(
             }
         };
         match effect {
+            // A base into an empty index (the usual case): built in one pass from its entries,
+            // which are in key order, instead of searching the tree for every key.
+            Effect::Entries(entries) if index.is_empty() => {
+                index = entries
+                    .into_iter()
+                    .map(|(k, v)| (k.into_boxed_slice(), v))
+                    .collect();
+            }
             Effect::Entries(entries) => {
                 index.extend(entries.into_iter().map(|(k, v)| (k.into_boxed_slice(), v)))
             }
