@@ -35,8 +35,8 @@ pub struct LogPage {
 pub fn read_log(store: &dyn Store, p: &Partition, from_seq: u64, limit: usize) -> Result<LogPage> {
     let page = store.scan(p, &keys::records_from(from_seq.max(1)), None, limit)?;
     let mut records = Vec::with_capacity(page.entries.len());
-    for (key, value) in &page.entries {
-        let record = parse_row(p, key, value)?;
+    for (key, value) in page.entries {
+        let record = parse_row(p, &key, value)?;
         if let Some(previous) = records.last().map(|r: &LogRecord| r.seq)
             && record.seq != previous + 1
         {
@@ -54,14 +54,18 @@ pub fn read_log(store: &dyn Store, p: &Partition, from_seq: u64, limit: usize) -
     Ok(LogPage { records, next_seq })
 }
 
-fn parse_row(p: &Partition, key: &[u8], value: &[u8]) -> Result<LogRecord> {
+/// Parses one record row, keeping the row's own bytes as the payload (its header is cut off in
+/// place), so reading a record allocates nothing beyond what the store returned.
+fn parse_row(p: &Partition, key: &[u8], mut value: Vec<u8>) -> Result<LogRecord> {
     let seq = keys::record_seq(key)
         .ok_or_else(|| corrupt(p, format!("malformed log key {}", key.escape_ascii())))?;
-    let (digest, payload) = decode_record(p, seq, value)?;
+    let (digest, payload) = decode_record(p, seq, &value)?;
+    let header = value.len() - payload.len();
+    value.drain(..header);
     Ok(LogRecord {
         seq,
         digest,
-        payload: payload.to_vec(),
+        payload: value,
     })
 }
 
@@ -144,8 +148,8 @@ fn walk<E: From<Error>>(
     let mut digest = after_digest;
     loop {
         let page = store.scan(p, &range, cursor.as_ref(), REPLAY_PAGE)?;
-        for (key, value) in &page.entries {
-            let record = parse_row(p, key, value)?;
+        for (key, value) in page.entries {
+            let record = parse_row(p, &key, value)?;
             if record.seq != expected {
                 return Err(corrupt(
                     p,

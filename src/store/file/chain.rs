@@ -11,6 +11,8 @@
 //! A load holds the keys and value locations of the chain, never its values: records longer
 //! than one small read are read again, one at a time, when they are applied.
 
+use std::sync::atomic::Ordering;
+
 use super::format::{
     self, Content, FRAME_LEN, Loc, RecordKind, ValueLoc, decode_base_part_head, decode_body_head,
     loc_offset, loc_segment,
@@ -203,6 +205,9 @@ pub fn load_index(
         }
     }
 
+    // Reads look in the cache only if this load put bodies there (a chain that is one base,
+    // as compaction leaves it, puts none).
+    state.warm.store(!warm.is_empty(), Ordering::Relaxed);
     recent.insert_many(warm);
     let mut index = Index::new();
     for link in links.into_iter().rev() {
@@ -219,13 +224,13 @@ pub fn load_index(
             }
         };
         match effect {
-            // A base (the usual first link) builds the tree in bulk, with full nodes; inserts
-            // one at a time would leave ascending keys' nodes half full (SPEC S8).
+            // A base into an empty index (the usual case): built in one pass from its entries,
+            // which are in key order, instead of searching the tree for every key.
             Effect::Entries(entries) if index.is_empty() => {
                 index = entries
                     .into_iter()
                     .map(|(k, v)| (k.into_boxed_slice(), v))
-                    .collect()
+                    .collect();
             }
             Effect::Entries(entries) => {
                 index.extend(entries.into_iter().map(|(k, v)| (k.into_boxed_slice(), v)))
@@ -249,4 +254,42 @@ fn effect(state: &PartState, at: Loc, kind: RecordKind, body: &[u8]) -> Result<E
         Content::Base(entries) | Content::BasePart { entries, .. } => Effect::Entries(entries),
         Content::Batch(ops) => Effect::Ops(partition::journal_ops_to_index(at, body, ops)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::atomic::Ordering;
+
+    use crate::store::{Batch, FileStore, Partition, Store};
+
+    /// Writes `batches` small batches to `p` with a base every `base_every` records, reopens,
+    /// loads `p` without reading a value, and tells whether the load marked it warm.
+    fn warm_after_load(dir: &Path, p: &Partition, batches: u32, base_every: u32) -> bool {
+        let store = FileStore::builder(dir)
+            .base_every_records(base_every)
+            .open()
+            .unwrap();
+        for i in 0..batches {
+            let b = Batch::new().put(format!("k{i}").into_bytes(), b"v".to_vec());
+            assert!(store.apply(p, &b).unwrap().is_committed());
+        }
+        store.close().unwrap();
+        let store = FileStore::builder(dir).open().unwrap();
+        let state = store.inner.readable(p).unwrap().unwrap();
+        let warm = state.warm.load(Ordering::Relaxed);
+        store.close().unwrap();
+        warm
+    }
+
+    #[test]
+    fn only_a_load_that_cached_bodies_marks_its_partition_warm() {
+        let p = Partition::new("p").unwrap();
+        // A chain of small batch records: the load keeps their bodies for the reads after it.
+        let dir = tempfile::tempdir().unwrap();
+        assert!(warm_after_load(dir.path(), &p, 3, 1_000));
+        // A chain that is one base: nothing cached, so reads do not look in the cache.
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!warm_after_load(dir.path(), &p, 2, 2));
+    }
 }

@@ -34,9 +34,10 @@ pub struct PartState {
     pub folded_lsn: AtomicU64,
     /// The store's touch counter at this partition's last touch (dropping idle indexes).
     pub last_touch: AtomicU64,
-    /// Whether the records its last load read may still be in the store's cache of recent
-    /// records: reads look there only while this holds, and clear it on a miss, so reads of a
-    /// partition loaded long ago never touch the shared cache.
+    /// Whether records its last load read may still be in the store's cache of recent
+    /// records (set by a load that put some there): reads look there only while this holds,
+    /// and clear it on a miss, so reads of a partition loaded long ago, or whose load cached
+    /// nothing, never touch the shared cache.
     pub warm: AtomicBool,
     /// Whether the heads snapshot open read holds this partition (counting partitions).
     pub in_base: bool,

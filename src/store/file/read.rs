@@ -70,7 +70,6 @@ impl Inner {
                 view.loaded = true;
                 commit.chain_len = chain_len;
                 commit.load = Load::Loaded;
-                state.warm.store(true, Ordering::Relaxed);
                 self.loaded.fetch_add(1, Ordering::Relaxed);
                 log::debug!(
                     "loaded partition {} ({} keys, chain {})",

@@ -1,0 +1,139 @@
+//! Reading every entity's history after open, to profile and to compare builds: fills a store
+//! shaped like the peers' data sets (`peers/`), then, in a fresh process, opens it and reads
+//! every entity's log with `read_log` pages of 1,024 records, as the peers' Portcullis reader
+//! does (BENCHMARKS.md, "read every entity's history after open").
+//!
+//! Run:
+//!
+//! ```text
+//! cargo run --release --example read_histories -- fill logs DIR ENTITIES RECORDS LEN  # interleaved
+//! cargo run --release --example read_histories -- fill big DIR ENTITIES RECORDS LEN   # entity by entity
+//! perf record -g target/release/examples/read_histories read DIR ENTITIES RECORDS RUNS
+//! ```
+//!
+//! `read` opens the store, reads every history and closes it `RUNS` times, printing each
+//! run's time and the median.
+
+use std::time::Instant;
+
+use portcullis::log;
+use portcullis::store::{Batch, FileStore, Partition, Store, SyncPolicy};
+
+type R<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn partition(entity: u64) -> R<Partition> {
+    Ok(Partition::new(format!("e/logs/{entity:08}"))?)
+}
+
+/// Pseudo-random bytes, so nothing compresses.
+fn value(entity: u64, seq: u64, len: usize) -> Vec<u8> {
+    let mut x = entity
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(seq.wrapping_mul(0xC2B2_AE3D_27D4_EB4F))
+        | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn append(store: &FileStore, entity: u64, records: &[Vec<u8>]) -> R<()> {
+    match log::append(store, &partition(entity)?, records, Batch::new())?.committed() {
+        Some(_) => Ok(()),
+        None => Err("append refused".into()),
+    }
+}
+
+fn fill(kind: &str, dir: &str, entities: u64, records: u64, len: usize) -> R<()> {
+    let started = Instant::now();
+    let store = FileStore::builder(dir)
+        .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+        .open()?;
+    match kind {
+        // One record per append, round-robin over the entities.
+        "logs" => {
+            for s in 0..records {
+                for e in 0..entities {
+                    append(&store, e, &[value(e, s, len)])?;
+                }
+            }
+        }
+        // Each entity's whole history in one append.
+        "big" => {
+            for e in 0..entities {
+                let rs: Vec<Vec<u8>> = (0..records).map(|s| value(e, s, len)).collect();
+                append(&store, e, &rs)?;
+            }
+        }
+        other => return Err(format!("unknown data set {other}").into()),
+    }
+    store.close()?;
+    println!("filled in {:?}", started.elapsed());
+    Ok(())
+}
+
+fn read_all(dir: &str, entities: u64, records: u64) -> R<f64> {
+    let started = Instant::now();
+    let store = FileStore::builder(dir)
+        .sync_policy(SyncPolicy::SyncEveryCommit)
+        .open()?;
+    let opened = started.elapsed();
+    let t = Instant::now();
+    let mut bytes = 0usize;
+    for e in 0..entities {
+        let p = partition(e)?;
+        let (mut n, mut from) = (0u64, 1u64);
+        loop {
+            let page = log::read_log(&store, &p, from, 1024)?;
+            for r in &page.records {
+                if r.seq != n + 1 {
+                    return Err(format!("entity {e}: records out of order").into());
+                }
+                n += 1;
+                bytes += r.payload.len();
+            }
+            match page.next_seq {
+                Some(next) => from = next,
+                None => break,
+            }
+        }
+        if n != records {
+            return Err(format!("entity {e} has {n} records, not {records}").into());
+        }
+    }
+    let all = t.elapsed().as_secs_f64() * 1e3;
+    store.close()?;
+    println!(
+        "open {:.2} ms, read all {all:.1} ms ({} MiB of payload)",
+        opened.as_secs_f64() * 1e3,
+        bytes >> 20
+    );
+    Ok(all)
+}
+
+fn main() -> R<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let num = |i: usize| -> R<u64> { Ok(args.get(i).ok_or("missing argument")?.parse()?) };
+    match args.first().map(String::as_str) {
+        Some("fill") if args.len() == 6 => {
+            fill(&args[1], &args[2], num(3)?, num(4)?, num(5)? as usize)
+        }
+        Some("read") if args.len() == 5 => {
+            let mut times = Vec::new();
+            for _ in 0..num(4)? {
+                times.push(read_all(&args[1], num(2)?, num(3)?)?);
+            }
+            times.sort_by(f64::total_cmp);
+            println!("median read all {:.1} ms", times[times.len() / 2]);
+            Ok(())
+        }
+        _ => Err(
+            "usage: fill logs|big DIR ENTITIES RECORDS LEN | read DIR ENTITIES RECORDS RUNS".into(),
+        ),
+    }
+}
