@@ -4,8 +4,8 @@
 //!
 //! Each commit writes one fresh 128-byte row. Raw: one transaction with one put, built and sent
 //! with `ureq` and `serde_json` as a hand-written client would. Store: `apply` of a one-put
-//! batch (which also sets the client's commit-marker slot, compares it, and carries the failure
-//! branch; the partition's registry key is written by its first batch only). Both are durable: etcd answers after its WAL fsync.
+//! batch (which also compares and sets the client's commit-marker slot; the partition's registry
+//! key is written by its first batch only). Both are durable: etcd answers after its WAL fsync.
 //! Each thread writes its own partition. Rounds of raw and store alternate, so a slow spell of
 //! the shared disk hits both; the figure is the median of the rounds. The store is measured
 //! with its default group commit, and with grouping off (`group_commit(0)`: every batch in its

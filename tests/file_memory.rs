@@ -262,3 +262,40 @@ fn inspecting_a_crashed_store_keeps_no_copy_of_the_journal_it_only_rewrote() {
     );
     assert!(inspector.verify().unwrap().is_clean());
 }
+
+/// A loaded key costs at most 48 bytes plus its own length (SPEC S8): the load builds the index
+/// from the partition's base in bulk, with full B-tree nodes, where inserting ascending keys one
+/// at a time leaves the nodes half full (about 80 bytes a key here).
+#[test]
+fn a_loaded_key_costs_at_most_48_bytes_plus_the_key() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const KEYS: u32 = 20_000;
+    const KEY_LEN: i64 = 16;
+    let dir = tempfile::tempdir().unwrap();
+    let p = Partition::new("keys").unwrap();
+    let open = || {
+        FileStore::builder(dir.path())
+            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+            .auto_compact(false)
+            .open()
+            .unwrap()
+    };
+    let key = |i: u32| format!("key-{i:012}").into_bytes();
+    {
+        let store = open();
+        for i in 0..KEYS {
+            let batch = Batch::new().put(key(i), vec![2u8; 16]);
+            assert!(store.apply(&p, &batch).unwrap().is_committed());
+        }
+        store.close().unwrap();
+    }
+    let store = open();
+    let before = heap_in_use();
+    assert!(store.get(&p, &key(0)).unwrap().is_some());
+    let per_key = (heap_in_use() - before) / i64::from(KEYS);
+    assert!(
+        per_key <= 48 + KEY_LEN,
+        "a loaded key holds {per_key} B, over 48 B plus its {KEY_LEN}-byte key"
+    );
+    store.close().unwrap();
+}

@@ -219,6 +219,14 @@ pub fn load_index(
             }
         };
         match effect {
+            // A base (the usual first link) builds the tree in bulk, with full nodes; inserts
+            // one at a time would leave ascending keys' nodes half full (SPEC S8).
+            Effect::Entries(entries) if index.is_empty() => {
+                index = entries
+                    .into_iter()
+                    .map(|(k, v)| (k.into_boxed_slice(), v))
+                    .collect()
+            }
             Effect::Entries(entries) => {
                 index.extend(entries.into_iter().map(|(k, v)| (k.into_boxed_slice(), v)))
             }
