@@ -644,6 +644,20 @@ fn control_skipping_open_syncs_whatever_open_found_is_caught() {
     );
 }
 
+/// Negative control: open rewrites the tail segment's header and syncs the journal directory
+/// only when the tail held no record; skipping them after every crash lets a segment whose
+/// creation a kill cut short lose its directory entry in a power cut after the reopen, with
+/// the batches the reopened store acknowledged in it.
+#[test]
+fn control_skipping_the_empty_tail_check_is_caught() {
+    let skip = Some(SkipSync::EmptyTailCheck);
+    must_catch(
+        second_life_sweep(DEFAULT_LANE, FirstCrash::Kill, 1, skip),
+        LOST,
+        "no journal directory sync at open after a cut-short segment",
+    );
+}
+
 /// Negative control: without syncing at open what a killed process left, a power cut after
 /// the reopen loses batches readers saw.
 #[test]

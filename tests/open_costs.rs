@@ -1,12 +1,13 @@
 //! What an open asks of the file system, counted rather than timed (SPEC S5): after a clean
 //! close it lists the journal once, opens no sealed segment and no file twice, and writes and
-//! syncs nothing; after a killed writer it still makes what it found durable (SPEC S4).
+//! syncs nothing; after a killed writer it still makes what it found durable (SPEC S4), and
+//! only that.
 
 mod common;
 
 use std::sync::Arc;
 
-use common::disk::{DIR, builder, written_after_keeper};
+use common::disk::{builder, written_after_keeper};
 use common::traced::Traced;
 use portcullis::store::{Batch, FileStore, Partition, Store};
 
@@ -49,12 +50,14 @@ fn a_reopen_after_a_killed_writer_still_syncs_what_it_found() {
         .unwrap();
     let calls = traced.take();
     assert!(store.open_report().records_scanned > 0);
-    // The scanned bytes are written over themselves and synced, and so are the directories.
-    assert!(count(&calls, "write ") > 0, "{calls:#?}");
-    assert!(count(&calls, "sync_data ") > 0, "{calls:#?}");
-    for dir in [format!("sync_dir {DIR}/journal"), format!("sync_dir {DIR}")] {
-        assert!(calls.contains(&dir), "{dir}: {calls:#?}");
-    }
+    // The scanned bytes are written over themselves and synced once. The directories are not
+    // synced: the tail held records, so its directory entry was synced before they were
+    // written, and the store directory and its parent were synced before the manifest open
+    // read existed (a cut-short segment is the control
+    // `control_skipping_the_empty_tail_check_is_caught` in tests/crash_sweep.rs).
+    assert_eq!(count(&calls, "write "), 1, "{calls:#?}");
+    assert_eq!(count(&calls, "sync_data "), 1, "{calls:#?}");
+    assert_eq!(count(&calls, "sync_dir "), 0, "{calls:#?}");
     assert_eq!(
         store.get(&p, b"v").unwrap().as_deref(),
         Some(&b"after the snapshot"[..])

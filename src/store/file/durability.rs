@@ -11,18 +11,28 @@ use super::vfs::{Vfs, VfsFile};
 use crate::error::{Error, Result};
 
 /// Makes durable everything open is about to trust and serve (SPEC S4), as PostgreSQL syncs
-/// its data directory after a crash:
+/// its data directory after a crash, but only what a killed process can have left undurable:
 ///
 /// - the journal open scanned (from the snapshot's position; older segments were sealed, so
-///   synced, before their successor began) and every scanned segment's header. A process killed
-///   during its `fdatasync` leaves writes that readers see (they are in the page cache) but a
-///   power cut could still take away, after readers saw them and after later segments sealed
-///   them. A sync alone is not enough after a *failed* sync: the kernel then marks the pages
-///   clean although they never reached the disk (fsyncgate), so a reopen in the same boot reads
-///   them and a later sync writes nothing. Open therefore writes the scanned bytes again (the
-///   same bytes, which makes the pages dirty) and then syncs;
-/// - the journal directory, the store directory and its parent: a segment or snapshot whose
-///   directory entry was not yet synced.
+///   synced, before their successor began). A process killed during its `fdatasync` leaves
+///   writes that readers see (they are in the page cache) but a power cut could still take
+///   away, after readers saw them and after later segments sealed them. A sync alone is not
+///   enough after a *failed* sync: the kernel then marks the pages clean although they never
+///   reached the disk (fsyncgate), so a reopen in the same boot reads them and a later sync
+///   writes nothing. Open therefore writes the scanned bytes again (the same bytes, which makes
+///   the pages dirty) and then syncs;
+/// - when the tail segment held no record ([`Needs::created`]): its header and its directory
+///   entry. A segment's header is synced, and then its directory entry, before any record is
+///   written into it, by a process whose syncs had all succeeded (a failed one is latched and
+///   nothing is written after it); so a segment holding a record has both durable, and only a
+///   newest segment whose creation may have been cut short needs them;
+/// - when no snapshot was read ([`Needs::directories`]): the store directory and its parent. A
+///   manifest naming a snapshot exists only after an earlier open synced both (every open that
+///   reads none comes here before it writes its manifest), and every later change in the store
+///   directory (a heads snapshot, the manifest's rename) syncs it before anything relies on it.
+///   The one rename a kill can leave undurable is the newest manifest's, killed inside the
+///   directory sync that follows it; a power cut then falls back to the previous manifest, whose
+///   snapshot the same durable journal extends (as for a clean reopen, see [`found_nothing`]).
 ///
 /// Not called when open found nothing to make durable ([`found_nothing`]: a store closed
 /// cleanly). `skip_tail` (a negative control, tests only) leaves the journal as found.
@@ -33,6 +43,7 @@ pub(super) fn sync_what_open_found(
     tail: &JournalTail,
     scan_start: Option<(u32, u64)>,
     skip_tail: bool,
+    needs: Needs,
 ) -> Result<()> {
     let (first, offset) = scan_start.unwrap_or((0, SEGMENT_HEADER_LEN));
     for (&number, segment) in tail.segments.range(first..) {
@@ -46,15 +57,17 @@ pub(super) fn sync_what_open_found(
         };
         let io = |e| Error::io(format!("rewriting journal segment {number} at open"), e);
         let file = &*segment.file;
-        let len = file.len().map_err(io)?;
-        // The tail's records end at the tail offset: the zeros of its prepared end hold no
-        // records, and writing them again would only cost time.
+        // The tail's records end at the tail offset (the scan stopped there, within the file):
+        // the zeros of its prepared end hold no records, and writing them again would only
+        // cost time.
         let end = if number == tail.tail_segment {
-            len.min(tail.tail_offset)
+            tail.tail_offset
         } else {
-            len
+            file.len().map_err(io)?
         };
-        rewrite(file, 0, SEGMENT_HEADER_LEN.min(len)).map_err(io)?;
+        if needs.created && number == tail.tail_segment {
+            rewrite(file, 0, SEGMENT_HEADER_LEN.min(end)).map_err(io)?;
+        }
         rewrite(file, from.min(end), end).map_err(io)?;
         file.sync_data()
             .map_err(|e| Error::io(format!("syncing journal segment {number} at open"), e))?;
@@ -63,11 +76,36 @@ pub(super) fn sync_what_open_found(
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    for d in [journal_dir, dir, parent] {
+    let journal = needs.created.then_some(journal_dir);
+    let store = needs.directories.then_some([dir, parent]);
+    for d in journal.into_iter().chain(store.into_iter().flatten()) {
         vfs.sync_dir(d)
             .map_err(|e| Error::io(format!("syncing {} at open", d.display()), e))?;
     }
     Ok(())
+}
+
+/// Which of its directory syncs and header rewrites open needs after what it found (see
+/// [`sync_what_open_found`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Needs {
+    /// The tail segment held no record: its creation may have been cut short before its
+    /// header or its directory entry was synced.
+    pub created: bool,
+    /// No snapshot was read: the store directory and its parent may never have been synced.
+    pub directories: bool,
+}
+
+impl Needs {
+    /// What open needs after a scan from `scan_start` (None: no snapshot was read) that left
+    /// `tail`. `unchecked` (a negative control, tests only) takes every tail as one that held
+    /// records.
+    pub(super) fn of(tail: &JournalTail, scan_start: Option<(u32, u64)>, unchecked: bool) -> Needs {
+        Needs {
+            created: tail.tail_offset <= SEGMENT_HEADER_LEN && !unchecked,
+            directories: scan_start.is_none(),
+        }
+    }
 }
 
 /// Whether open found nothing a killed process could have left readable but not durable, so

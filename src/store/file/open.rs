@@ -199,12 +199,13 @@ impl FileStore {
             &damage,
         )?;
         #[cfg(feature = "fault-injection")]
-        let (skip_tail, trust_anything) = (
+        let (skip_tail, trust_anything, any_tail) = (
             config.skip_syncs.contains(&SkipSync::ScannedTail),
             config.skip_syncs.contains(&SkipSync::FoundNothingCheck),
+            config.skip_syncs.contains(&SkipSync::EmptyTailCheck),
         );
         #[cfg(not(feature = "fault-injection"))]
-        let (skip_tail, trust_anything) = (false, false);
+        let (skip_tail, trust_anything, any_tail) = (false, false, false);
         let scan_start = start.map(|(s, o, _)| (s, o));
         // After a clean close there is nothing to make durable: no write, no sync.
         if !(trust_anything || durability::found_nothing(&outcome, scan_start)) {
@@ -215,6 +216,7 @@ impl FileStore {
                 &outcome.tail,
                 scan_start,
                 skip_tail,
+                durability::Needs::of(&outcome.tail, scan_start, any_tail),
             )?;
         }
         report.journal_bytes_scanned = outcome.bytes_scanned;

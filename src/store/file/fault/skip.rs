@@ -6,7 +6,8 @@
 //! what a store that forgot the call would see. [`SkipSync::ScannedTail`] is checked by open.
 //! [`SkipSync::ZeroEndCheck`] is a check of open's scan, turned off through the segments open
 //! found; [`SkipSync::ValueSegmentCheck`] (a check of a load) and [`SkipSync::FoundNothingCheck`]
-//! (open's check that it found nothing to sync) are turned off by the store;
+//! (open's check that it found nothing to sync) are turned off by the store, and so is
+//! [`SkipSync::EmptyTailCheck`] (open's check that the tail held a record);
 //! [`SkipSync::ZeroFill`] is the journal's zero fill of new space, turned off in the journal.
 //! [`PinSwitch`] turns off a guard rather than a sync: the journal's reader pin.
 
@@ -47,6 +48,11 @@ pub enum SkipSync {
     /// syncs: with this switch open skips them whatever it found, like a store that trusted
     /// every reopen to follow a clean close.
     FoundNothingCheck,
+    /// Not a sync but open's check that the tail segment held a record before it skips the
+    /// rewrite of that segment's header and the sync of the journal directory: with this
+    /// switch open skips them after any crash, so a segment whose creation a kill cut short
+    /// can lose its directory entry, with the batches the reopened store put in it.
+    EmptyTailCheck,
     /// Not a sync but the journal's zero fill: each step of a segment is sized with `set_len`
     /// (a sparse hole) instead of written as zeros and synced before records go into it, so a
     /// commit's sync into a fresh block also commits the block's allocation.
