@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::engine::{TestMachine, TestStore, builder, entity, payloads, writes_records};
+use common::engine::{TestMachine, TestStore, builder, entity, leave_an_unsettled_write, payloads};
 use portcullis::Error;
 use portcullis::restore::Origin;
 
@@ -62,20 +62,7 @@ fn a_lost_answer_that_cannot_be_read_yet_is_settled_before_the_next_write() {
     engine.append(&e, recs(&["a"])).unwrap();
     // The answer is lost and, from the commit on, the store cannot be read either (it is
     // unreachable for a while).
-    *store.lose_answers_of.lock() = Some(e.partition());
-    let weak = Arc::downgrade(&store);
-    store.set_before_apply(move |p, batch| {
-        if writes_records(batch)
-            && let Some(store) = weak.upgrade()
-        {
-            *store.fail_reads_of.lock() = Some(p.clone());
-        }
-    });
-    let err = engine.append(&e, recs(&["b"])).unwrap_err();
-    assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err}");
-    store.clear_hooks();
-    *store.lose_answers_of.lock() = None;
-    *store.fail_reads_of.lock() = None;
+    leave_an_unsettled_write(&engine, &store, &e, b"b");
     assert_eq!(
         live_folds(&machine, 2),
         0,

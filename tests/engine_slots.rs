@@ -13,8 +13,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::engine::{
-    TestEngine, TestMachine, TestStore, builder, crash, entity, payloads, until, within,
-    writes_deferral, writes_records,
+    TestEngine, TestMachine, TestStore, builder, crash, entity, leave_an_unsettled_write, payloads,
+    until, within, writes_deferral,
 };
 use crossbeam::channel;
 use parking_lot::Mutex;
@@ -414,20 +414,7 @@ fn r10_an_entity_with_an_unsettled_write_keeps_its_slot() {
     let e = entity(0);
     engine.register(&e).unwrap();
     engine.append(&e, recs(&["a"])).unwrap();
-    *store.lose_answers_of.lock() = Some(e.partition());
-    let weak = Arc::downgrade(&store);
-    store.set_before_apply(move |p, batch| {
-        if writes_records(batch)
-            && let Some(store) = weak.upgrade()
-        {
-            *store.fail_reads_of.lock() = Some(p.clone());
-        }
-    });
-    let err = engine.append(&e, recs(&["b"])).unwrap_err();
-    assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err}");
-    store.clear_hooks();
-    *store.lose_answers_of.lock() = None;
-    *store.fail_reads_of.lock() = None;
+    leave_an_unsettled_write(&engine, &store, &e, b"b");
     let refused = engine.passivate(&e);
     assert!(
         matches!(refused, Err(Error::Unavailable { .. })),

@@ -404,6 +404,34 @@ pub fn writes_records(batch: &Batch) -> bool {
     })
 }
 
+/// Appends `record` to `e` so that the write's answer is lost and, from its commit on, the
+/// entity's partition cannot be read either (a store unreachable for a while); the append ends
+/// `OutcomeUnknown` and the faults are then cleared, leaving the write unsettled.
+pub fn leave_an_unsettled_write(
+    engine: &TestEngine,
+    store: &Arc<TestStore>,
+    e: &EntityId,
+    record: &[u8],
+) {
+    *store.lose_answers_of.lock() = Some(e.partition());
+    let weak = Arc::downgrade(store);
+    store.set_before_apply(move |p, batch| {
+        if writes_records(batch)
+            && let Some(store) = weak.upgrade()
+        {
+            *store.fail_reads_of.lock() = Some(p.clone());
+        }
+    });
+    let err = engine.append(e, vec![record.to_vec()]).unwrap_err();
+    assert!(
+        matches!(err, portcullis::Error::OutcomeUnknown { .. }),
+        "{err}"
+    );
+    store.clear_hooks();
+    *store.lose_answers_of.lock() = None;
+    *store.fail_reads_of.lock() = None;
+}
+
 /// Whether a batch writes a deferred row (`\0defer.`).
 pub fn writes_deferral(batch: &Batch) -> bool {
     batch.ops().iter().any(|op| match op {
