@@ -493,3 +493,29 @@ fn concurrent_batches_commit_exactly_once_with_their_own_outcomes() {
         }
     }
 }
+
+/// Closing the store while a batch is on its way leaves that batch's marker slot alone, so the
+/// batch commits and says so (SPEC S11). Close used to delete every slot of the client, and the
+/// batch's compare on its own slot then failed.
+#[test]
+fn a_batch_on_its_way_while_the_store_closes_still_commits() {
+    let etcd = EtcdServer::start();
+    let gate = Gate::new();
+    let store = open(&etcd.endpoint(), &gate, |b| b);
+    let outcome = thread::scope(|s| {
+        let held = s.spawn(|| store.apply(&part("gate"), &Batch::new().put("g", "1")));
+        wait_until("the gate holds a transaction", || gate.holding());
+        store.close().expect("close");
+        gate.release();
+        held.join().unwrap()
+    });
+    assert_eq!(outcome.expect("apply"), Outcome::Committed);
+    let reopened = EtcdStore::builder(etcd.endpoint())
+        .prefix(ROOT)
+        .open()
+        .expect("reopen");
+    assert_eq!(
+        reopened.get(&part("gate"), b"g").unwrap(),
+        Some(b"1".to_vec())
+    );
+}

@@ -88,14 +88,6 @@ impl Layout {
         k
     }
 
-    /// Every marker slot of client `client`: `[start, end)`.
-    pub(crate) fn marker_range(&self, client: u64) -> (Vec<u8>, Vec<u8>) {
-        let mut start = self.tagged(b'm', 8);
-        start.extend_from_slice(&client.to_be_bytes());
-        let end = prefix_end(&start);
-        (start, end)
-    }
-
     /// The key written at open, whose revision names the client.
     pub(crate) fn client_key(&self) -> Vec<u8> {
         self.tagged(b'c', 0)

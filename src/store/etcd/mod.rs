@@ -455,18 +455,20 @@ impl Store for EtcdStore {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        // The free slots go (a slot in use by a batch still running stays, as does one whose
-        // batch's fate was unknown: a handful of small keys per process at most). A deleted
-        // slot fails every compare of a copy still on its way, as a moved one does.
-        let (start, end) = self.layout.marker_range(self.client_id);
-        let body = json!({"key": b64(&start), "range_end": b64(&end)});
-        if let Err(e) = self.request::<serde_json::Value>("/v3/kv/deleterange", &body) {
-            log::warn!(
-                "etcd store {}: could not delete its marker slots: {e}",
-                self.client_id
-            );
+        // The free slots go. A slot in use by a batch still on its way stays, as does one whose
+        // batch's fate was unknown (a handful of small keys per process at most): deleting it
+        // would fail that batch's compare and leave its outcome misreported.
+        let free = std::mem::take(&mut *self.slots.lock());
+        for slot in free {
+            let body = json!({"key": b64(&slot.key)});
+            if let Err(e) = self.request::<serde_json::Value>("/v3/kv/deleterange", &body) {
+                log::warn!(
+                    "etcd store {}: could not delete its marker slots: {e}",
+                    self.client_id
+                );
+                break;
+            }
         }
-        self.slots.lock().clear();
         Ok(())
     }
 }
