@@ -18,59 +18,21 @@
 use std::time::Instant;
 
 use portcullis::log;
-use portcullis::store::{Batch, FileStore, Partition, Store, SyncPolicy};
+use portcullis::store::{FileStore, Store, SyncPolicy};
 
-type R<T> = Result<T, Box<dyn std::error::Error>>;
+#[path = "common/fill.rs"]
+mod fill;
 
-fn partition(entity: u64) -> R<Partition> {
-    Ok(Partition::new(format!("e/logs/{entity:08}"))?)
-}
-
-/// Pseudo-random bytes, so nothing compresses.
-fn value(entity: u64, seq: u64, len: usize) -> Vec<u8> {
-    let mut x = entity
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(seq.wrapping_mul(0xC2B2_AE3D_27D4_EB4F))
-        | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-fn append(store: &FileStore, entity: u64, records: &[Vec<u8>]) -> R<()> {
-    match log::append(store, &partition(entity)?, records, Batch::new())?.committed() {
-        Some(_) => Ok(()),
-        None => Err("append refused".into()),
-    }
-}
+use fill::{R, append, partition, value};
 
 fn fill(kind: &str, dir: &str) -> R<()> {
     let store = FileStore::builder(dir)
         .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
         .open()?;
-    let per_entity = |entities: u64, records: u64, len: usize| -> R<()> {
-        for e in 0..entities {
-            let rs: Vec<Vec<u8>> = (0..records).map(|s| value(e, s, len)).collect();
-            append(&store, e, &rs)?;
-        }
-        Ok(())
-    };
     match kind {
-        "logs" => {
-            for s in 0..100 {
-                for e in 0..10_000 {
-                    append(&store, e, &[value(e, s, 200)])?;
-                }
-            }
-        }
-        "big" => per_entity(16_384, 16, 4096)?,
-        "crash" => per_entity(8_192, 16, 4096)?,
+        "logs" => fill::interleaved(&store, 10_000, 100, 200)?,
+        "big" => fill::entity_by_entity(&store, 16_384, 16, 4096)?,
+        "crash" => fill::entity_by_entity(&store, 8_192, 16, 4096)?,
         other => return Err(format!("unknown data set {other}").into()),
     }
     store.close()?;

@@ -17,37 +17,12 @@
 use std::time::Instant;
 
 use portcullis::log;
-use portcullis::store::{Batch, FileStore, Partition, Store, SyncPolicy};
+use portcullis::store::{FileStore, Store, SyncPolicy};
 
-type R<T> = Result<T, Box<dyn std::error::Error>>;
+#[path = "common/fill.rs"]
+mod fill;
 
-fn partition(entity: u64) -> R<Partition> {
-    Ok(Partition::new(format!("e/logs/{entity:08}"))?)
-}
-
-/// Pseudo-random bytes, so nothing compresses.
-fn value(entity: u64, seq: u64, len: usize) -> Vec<u8> {
-    let mut x = entity
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(seq.wrapping_mul(0xC2B2_AE3D_27D4_EB4F))
-        | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-fn append(store: &FileStore, entity: u64, records: &[Vec<u8>]) -> R<()> {
-    match log::append(store, &partition(entity)?, records, Batch::new())?.committed() {
-        Some(_) => Ok(()),
-        None => Err("append refused".into()),
-    }
-}
+use fill::{R, partition};
 
 fn fill(kind: &str, dir: &str, entities: u64, records: u64, len: usize) -> R<()> {
     let started = Instant::now();
@@ -56,20 +31,9 @@ fn fill(kind: &str, dir: &str, entities: u64, records: u64, len: usize) -> R<()>
         .open()?;
     match kind {
         // One record per append, round-robin over the entities.
-        "logs" => {
-            for s in 0..records {
-                for e in 0..entities {
-                    append(&store, e, &[value(e, s, len)])?;
-                }
-            }
-        }
+        "logs" => fill::interleaved(&store, entities, records, len)?,
         // Each entity's whole history in one append.
-        "big" => {
-            for e in 0..entities {
-                let rs: Vec<Vec<u8>> = (0..records).map(|s| value(e, s, len)).collect();
-                append(&store, e, &rs)?;
-            }
-        }
+        "big" => fill::entity_by_entity(&store, entities, records, len)?,
         other => return Err(format!("unknown data set {other}").into()),
     }
     store.close()?;
