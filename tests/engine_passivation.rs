@@ -11,15 +11,12 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::engine::{
-    TestEngine, TestMachine, TestStore, builder, crash, entity, payloads, until, within,
+    TestEngine, TestMachine, TestStore, builder, contained, crashed_with, entity, one_entity,
+    payloads, recs, until, within,
 };
 use common::rng::Rng;
 use portcullis::Error;
 use portcullis::Origin;
-
-fn recs(items: &[&str]) -> Vec<Vec<u8>> {
-    items.iter().map(|s| s.as_bytes().to_vec()).collect()
-}
 
 #[test]
 fn r10_the_budget_is_respected_after_many_touches() {
@@ -81,12 +78,7 @@ fn r10_the_least_recently_touched_entity_is_passivated_first() {
 
 #[test]
 fn r10_a_passivated_entity_restores_from_its_checkpoint_with_the_same_state() {
-    let store = TestStore::new();
-    let machine = Arc::new(TestMachine::default());
-    let engine = builder(&machine, &store).open().unwrap();
-    let e = entity(1);
-    engine.register(&e).unwrap();
-    engine.append(&e, recs(&["a", "b", "c"])).unwrap();
+    let (_store, machine, engine, e) = one_entity(1, &["a", "b", "c"]);
     assert_eq!(engine.checkpoint(&e).unwrap(), 3);
     engine.append(&e, recs(&["d"])).unwrap();
     let before = engine.read(&e, |s| s.clone()).unwrap();
@@ -113,12 +105,7 @@ fn r10_a_passivated_entity_restores_from_its_checkpoint_with_the_same_state() {
 #[test]
 fn r10_concurrent_touches_of_a_passivated_entity_share_one_unit() {
     const THREADS: usize = 16;
-    let store = TestStore::new();
-    let machine = Arc::new(TestMachine::default());
-    let engine = builder(&machine, &store).open().unwrap();
-    let e = entity(0);
-    engine.register(&e).unwrap();
-    engine.append(&e, recs(&["a", "b"])).unwrap();
+    let (_store, machine, engine, e) = one_entity(0, &["a", "b"]);
     assert!(engine.passivate(&e).unwrap());
     let handle: Arc<OnceLock<TestEngine>> = Arc::new(OnceLock::new());
     handle.set(engine.clone()).ok().unwrap();
@@ -156,12 +143,7 @@ fn r10_an_unclean_restart_repair_does_not_run_again_on_reactivation() {
     let machine = Arc::new(TestMachine::default());
     *machine.repair_records.lock() = recs(&["fix"]);
     let e = entity(1);
-    crash({
-        let engine = builder(&machine, &store).open().unwrap();
-        engine.register(&e).unwrap();
-        engine.append(&e, recs(&["x"])).unwrap();
-        engine
-    });
+    crashed_with(&machine, &store, std::slice::from_ref(&e), &["x"]);
     let engine = builder(&machine, &store).open().unwrap();
     assert_eq!(payloads(&engine, &e).unwrap(), recs(&["x", "fix"]));
     assert_eq!(machine.repairs.lock().len(), 1);
@@ -176,12 +158,7 @@ fn r10_an_unclean_restart_repair_does_not_run_again_on_reactivation() {
 
 #[test]
 fn r10_work_deferred_to_a_passivated_entity_is_applied_exactly_once() {
-    let store = TestStore::new();
-    let machine = Arc::new(TestMachine::default());
-    let engine = builder(&machine, &store).open().unwrap();
-    let e = entity(1);
-    engine.register(&e).unwrap();
-    engine.append(&e, recs(&["a"])).unwrap();
+    let (_store, machine, engine, e) = one_entity(1, &["a"]);
     assert!(engine.passivate(&e).unwrap());
     for r in ["d1", "d2"] {
         let answer = engine.defer(&e, r.as_bytes().to_vec()).unwrap();
@@ -202,26 +179,17 @@ fn r10_work_deferred_to_a_passivated_entity_is_applied_exactly_once() {
     assert_eq!(deferred(&machine), 2, "deferred work was applied twice");
 }
 
-/// An entity whose written record `apply` refuses is contained; passivation must leave it so.
-fn contained_entity(machine: &Arc<TestMachine>, store: &Arc<TestStore>) -> (TestEngine, usize) {
-    let engine = builder(machine, store).open().unwrap();
-    engine.register(&entity(1)).unwrap();
-    engine.append(&entity(1), recs(&["ok"])).unwrap();
-    let err = engine.append(&entity(1), recs(&["!refuse"])).unwrap_err();
-    assert!(matches!(err, Error::Contained { .. }), "{err}");
-    (engine, 1)
-}
-
 #[test]
 fn r10_a_contained_entity_is_not_passivated() {
     let store = TestStore::new();
     let machine = Arc::new(TestMachine::default());
-    let (engine, i) = contained_entity(&machine, &store);
-    assert!(!engine.passivate(&entity(i)).unwrap());
-    assert!(engine.containment(&entity(i)).unwrap().is_some());
-    let err = engine.read(&entity(i), |_| ()).unwrap_err();
+    // An entity whose written record `apply` refuses is contained; passivation must leave it so.
+    let (engine, e) = contained(&machine, &store);
+    assert!(!engine.passivate(&e).unwrap());
+    assert!(engine.containment(&e).unwrap().is_some());
+    let err = engine.read(&e, |_| ()).unwrap_err();
     assert!(matches!(err, Error::Contained { .. }), "{err}");
-    assert_eq!(machine.units_of(&entity(i)), 1, "the unit ran again");
+    assert_eq!(machine.units_of(&e), 1, "the unit ran again");
 }
 
 /// Negative control: with the phase check switched off, the same test finds the containment
@@ -230,11 +198,11 @@ fn r10_a_contained_entity_is_not_passivated() {
 fn r10_negative_control_unguarded_passivation_erases_a_containment() {
     let store = TestStore::new();
     let machine = Arc::new(TestMachine::default());
-    let (engine, i) = contained_entity(&machine, &store);
+    let (engine, e) = contained(&machine, &store);
     engine.set_passivate_unguarded_for_test(true);
-    let _ = engine.passivate(&entity(i));
+    let _ = engine.passivate(&e);
     assert!(
-        engine.containment(&entity(i)).unwrap().is_none(),
+        engine.containment(&e).unwrap().is_none(),
         "the control did not erase the containment"
     );
 }

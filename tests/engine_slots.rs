@@ -13,18 +13,14 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::engine::{
-    TestEngine, TestMachine, TestStore, builder, crash, entity, leave_an_unsettled_write, payloads,
-    until, within, writes_deferral,
+    TestEngine, TestMachine, TestStore, builder, contained, crashed_with, entity,
+    leave_an_unsettled_write, one_entity, payloads, recs, until, within, writes_deferral,
 };
 use crossbeam::channel;
 use parking_lot::Mutex;
 use portcullis::engine::Deferred;
 use portcullis::restore::{Metrics, ReasonKind, UnitReport};
 use portcullis::{EntityId, Error};
-
-fn recs(items: &[&str]) -> Vec<Vec<u8>> {
-    items.iter().map(|s| s.as_bytes().to_vec()).collect()
-}
 
 /// Slots in the registry now.
 fn slots(engine: &TestEngine) -> u64 {
@@ -221,12 +217,7 @@ struct Race {
 /// gate for it; the entity is passivated again (its slot is asked to leave); a second reader
 /// arrives; then the row commits.
 fn removal_racing_a_deferral(unguarded: bool) -> Race {
-    let store = TestStore::new();
-    let machine = Arc::new(TestMachine::default());
-    let engine = builder(&machine, &store).open().unwrap();
-    let e = entity(1);
-    engine.register(&e).unwrap();
-    engine.append(&e, recs(&["a"])).unwrap();
+    let (store, machine, engine, e) = one_entity(1, &["a"]);
     assert!(engine.passivate(&e).unwrap());
     assert_eq!(slots(&engine), 0);
     engine.set_retire_unguarded_for_test(unguarded);
@@ -300,17 +291,6 @@ fn r2_r8_negative_control_removing_a_slot_in_use_restores_twice_and_loses_deferr
     );
 }
 
-/// An entity whose written record `apply` refuses is contained.
-fn contained(machine: &Arc<TestMachine>, store: &Arc<TestStore>) -> (TestEngine, EntityId) {
-    let engine = builder(machine, store).open().unwrap();
-    let e = entity(1);
-    engine.register(&e).unwrap();
-    engine.append(&e, recs(&["ok"])).unwrap();
-    let err = engine.append(&e, recs(&["!refuse"])).unwrap_err();
-    assert!(matches!(err, Error::Contained { .. }), "{err}");
-    (engine, e)
-}
-
 /// The write path's containment is recorded only in memory (a restore would meet the record
 /// again, but a containment from an I/O error or an audit would not come back): its slot and
 /// named reason stay until it is released.
@@ -337,12 +317,7 @@ fn r4_a_contained_entity_keeps_its_slot_and_its_named_reason() {
 #[test]
 fn r4_negative_control_removing_a_contained_slot_erases_its_containment() {
     for unguarded in [false, true] {
-        let store = TestStore::new();
-        let machine = Arc::new(TestMachine::default());
-        let engine = builder(&machine, &store).open().unwrap();
-        let e = entity(1);
-        engine.register(&e).unwrap();
-        engine.append(&e, recs(&["a"])).unwrap();
+        let (store, _machine, engine, e) = one_entity(1, &["a"]);
         assert!(engine.passivate(&e).unwrap());
         *store.fail_reads_of.lock() = Some(e.partition());
         let err = engine.read(&e, |_| ()).unwrap_err();
@@ -362,12 +337,7 @@ fn r4_negative_control_removing_a_contained_slot_erases_its_containment() {
 
 #[test]
 fn r10_an_entity_in_use_keeps_its_slot() {
-    let store = TestStore::new();
-    let machine = Arc::new(TestMachine::default());
-    let engine = builder(&machine, &store).open().unwrap();
-    let e = entity(1);
-    engine.register(&e).unwrap();
-    engine.append(&e, recs(&["a"])).unwrap();
+    let (_store, machine, engine, e) = one_entity(1, &["a"]);
     // A closure holds it.
     let (inner, e2) = (engine.clone(), e.clone());
     let (refused, during) = within("a passivation from inside a closure", move || {
@@ -408,12 +378,7 @@ fn r10_an_entity_in_use_keeps_its_slot() {
 /// (and so its slot) until it is settled.
 #[test]
 fn r10_an_entity_with_an_unsettled_write_keeps_its_slot() {
-    let store = TestStore::new();
-    let machine = Arc::new(TestMachine::default());
-    let engine = builder(&machine, &store).open().unwrap();
-    let e = entity(0);
-    engine.register(&e).unwrap();
-    engine.append(&e, recs(&["a"])).unwrap();
+    let (store, _machine, engine, e) = one_entity(0, &["a"]);
     leave_an_unsettled_write(&engine, &store, &e, b"b");
     let refused = engine.passivate(&e);
     assert!(
@@ -490,12 +455,5 @@ fn r3_an_untouched_entity_keeps_the_repair_owed_to_the_next_holder() {
 /// Two registered entities with one record each, written by an engine that then crashes (so
 /// the next holder of their namespace owes a repair).
 fn crashed_with_two_entities(machine: &Arc<TestMachine>, store: &Arc<TestStore>) {
-    crash({
-        let engine = builder(machine, store).open().unwrap();
-        for i in 0..2 {
-            engine.register(&entity(i)).unwrap();
-            engine.append(&entity(i), recs(&["x"])).unwrap();
-        }
-        engine
-    });
+    crashed_with(machine, store, &[entity(0), entity(1)], &["x"]);
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use common::check::{Model, check_store};
 use common::disk::{
-    BATCHES, KEEPER, KEPT, builder, damage, segment_number, segments, written_after_keeper,
+    BATCHES, KEEPER, KEPT, builder, damage, put_filled, segment_number, segments,
+    value_in_a_sealed_segment, written_after_keeper,
 };
 use common::layout;
 use common::traced::Traced;
@@ -128,24 +129,9 @@ fn a_segment_missing_from_the_directory_refuses_the_partitions_that_need_it() {
 /// as a whole and the refusal recorded, not served with one value failing.
 fn value_only_in_damaged_segment(check: bool) {
     let fs = FaultFs::new();
-    let store = builder(&fs).open().unwrap();
-    let big = Partition::new("big").unwrap();
-    let put = |p: &Partition, k: &str, len: usize| {
-        let b = Batch::new().put(k.as_bytes().to_vec(), vec![b'x'; len]);
-        assert!(store.apply(p, &b).unwrap().is_committed());
-    };
-    put(&big, "old", 300);
-    let holder = segments(&fs).pop().unwrap();
-    let filler = Partition::new("filler").unwrap();
-    while segments(&fs).last() == Some(&holder) {
-        put(&filler, "f", 1500);
-    }
-    // Enough later batches that a base record, holding the location of "old", follows.
-    for i in 0..8 {
-        put(&big, &format!("k{i}"), 10);
-    }
+    let (store, big, holder) = value_in_a_sealed_segment(&fs);
     let late = Partition::new("late").unwrap();
-    put(&late, "v", 10);
+    put_filled(&store, &late, "v", 10);
     store.close().unwrap();
     let n = segment_number(&holder);
     damage(&fs, &holder, |b| b[17] ^= 0x40);

@@ -9,7 +9,7 @@ use std::path::Path;
 use common::check::{Model, check_store};
 use common::disk::{
     BATCHES, DIR, KEEPER, KEPT, Tally, builder, damage, partitions_in, segment_number, segments,
-    snapshot_files, written, written_after_keeper,
+    snapshot_files, value_in_a_sealed_segment, written, written_after_keeper,
 };
 use common::layout;
 use common::workload::PARTITIONS;
@@ -479,22 +479,7 @@ fn a_damaged_sealed_segment_header_refuses_only_what_it_could_hold() {
 #[test]
 fn a_truncated_segment_answers_corrupt_naming_segment_and_partition() {
     let fs = FaultFs::new();
-    let store = builder(&fs).open().unwrap();
-    let big = Partition::new("big").unwrap();
-    let put = |p: &Partition, k: &str, len: usize| {
-        let b = Batch::new().put(k.as_bytes().to_vec(), vec![b'x'; len]);
-        assert!(store.apply(p, &b).unwrap().is_committed());
-    };
-    put(&big, "old", 300);
-    let holder = segments(&fs).pop().unwrap();
-    let filler = Partition::new("filler").unwrap();
-    while segments(&fs).last() == Some(&holder) {
-        put(&filler, "f", 1500);
-    }
-    // Enough later batches that a base record, holding the location of "old", follows.
-    for i in 0..8 {
-        put(&big, &format!("k{i}"), 10);
-    }
+    let (store, big, holder) = value_in_a_sealed_segment(&fs);
     store.close().unwrap();
     damage(&fs, &holder, |b| {
         b.truncate(layout::SEGMENT_HEADER_LEN + 20)

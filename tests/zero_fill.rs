@@ -2,124 +2,24 @@
 //! new space of a segment, that space is written as zeros and synced, so a commit's `fdatasync`
 //! overwrites blocks already allocated and has no block allocation or file size to commit.
 //!
-//! The journal's writes are recorded through a wrapping [`Vfs`] over [`FaultFs`] and checked in
-//! order: every record lands in bytes a write of zeros covered and a later sync made durable.
+//! The journal's writes are recorded through a wrapping `Vfs` ([`Traced`]) over [`FaultFs`] and
+//! checked in order: every record lands in bytes a write of zeros covered and a later sync made
+//! durable.
 //! On the operating system's files, the tail segment holds its blocks (it is not sparse).
 //! `SkipSync::ZeroFill` (steps sized with `set_len`) is the negative control of both.
 
 mod common;
 
-use std::fmt;
-use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use common::disk::{Tally, builder};
-use portcullis::store::{
-    FaultFs, FileStore, OpenMode, PathKind, SkipSync, Store, Vfs, VfsFile, VfsLock,
-};
+use common::traced::{Change, Changes, Traced};
+use portcullis::store::{FaultFs, FileStore, SkipSync, Store};
 
 /// The segment header, written over the zeros of a new segment's first step.
 const HEADER_LEN: u64 = 32;
-
-/// One change to a journal segment file, in the order the store made it.
-#[derive(Clone, Debug)]
-enum Op {
-    Write { offset: u64, len: u64, zeros: bool },
-    Sync,
-    SetLen(u64),
-}
-
-type Log = Arc<Mutex<Vec<(PathBuf, Op)>>>;
-
-/// A [`Vfs`] that logs every write, sync and `set_len` of the journal's segment files.
-#[derive(Debug)]
-struct Recording {
-    inner: Arc<dyn Vfs>,
-    log: Log,
-}
-
-struct RecordingFile {
-    inner: Arc<dyn VfsFile>,
-    path: PathBuf,
-    log: Log,
-}
-
-impl fmt::Debug for RecordingFile {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.inner.fmt(f)
-    }
-}
-
-impl RecordingFile {
-    fn note(&self, op: Op) {
-        if self.path.extension().is_some_and(|e| e == "seg") {
-            self.log.lock().push((self.path.clone(), op));
-        }
-    }
-}
-
-impl VfsFile for RecordingFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.inner.write_all_at(buf, offset)?;
-        self.note(Op::Write {
-            offset,
-            len: buf.len() as u64,
-            zeros: buf.iter().all(|&b| b == 0),
-        });
-        Ok(())
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.inner.sync_data()?;
-        self.note(Op::Sync);
-        Ok(())
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)?;
-        self.note(Op::SetLen(len));
-        Ok(())
-    }
-}
-
-impl Vfs for Recording {
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
-        Ok(Arc::new(RecordingFile {
-            inner: self.inner.open(path, mode)?,
-            path: path.to_path_buf(),
-            log: self.log.clone(),
-        }))
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        self.inner.create_dir_all(path)
-    }
-    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.inner.list(dir)
-    }
-    fn kind(&self, path: &Path) -> io::Result<Option<PathKind>> {
-        self.inner.kind(path)
-    }
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.inner.sync_dir(dir)
-    }
-    fn try_lock(&self, path: &Path) -> io::Result<Box<dyn VfsLock>> {
-        self.inner.try_lock(path)
-    }
-}
 
 /// Byte ranges of one file, kept sorted and merged.
 #[derive(Default, Clone)]
@@ -151,7 +51,7 @@ impl Ranges {
 
 /// Replays the log: returns the record writes (path, offset, length) that went into bytes of
 /// their segment no synced write of zeros had prepared. A segment's header is not a record.
-fn records_outside_prepared_space(log: &[(PathBuf, Op)]) -> Vec<(PathBuf, u64, u64)> {
+fn records_outside_prepared_space(log: &[(PathBuf, Change)]) -> Vec<(PathBuf, u64, u64)> {
     #[derive(Default)]
     struct File {
         zeroed: Ranges,
@@ -163,8 +63,8 @@ fn records_outside_prepared_space(log: &[(PathBuf, Op)]) -> Vec<(PathBuf, u64, u
     for (path, op) in log {
         let f = files.entry(path.clone()).or_default();
         match *op {
-            Op::Write { offset, len, zeros } if zeros => f.zeroed.add(offset, offset + len),
-            Op::Write { offset, len, .. } => {
+            Change::Write { offset, len, zeros } if zeros => f.zeroed.add(offset, offset + len),
+            Change::Write { offset, len, .. } => {
                 if offset < HEADER_LEN {
                     continue;
                 }
@@ -173,13 +73,13 @@ fn records_outside_prepared_space(log: &[(PathBuf, Op)]) -> Vec<(PathBuf, u64, u
                     bad.push((path.clone(), offset, len));
                 }
             }
-            Op::Sync => {
+            Change::Sync => {
                 for &(a, b) in &f.zeroed.0.clone() {
                     f.prepared.add(a, b);
                 }
                 f.zeroed = Ranges::default();
             }
-            Op::SetLen(len) => {
+            Change::SetLen(len) => {
                 f.zeroed.cut_at(len);
                 f.prepared.cut_at(len);
             }
@@ -193,15 +93,13 @@ fn records_outside_prepared_space(log: &[(PathBuf, Op)]) -> Vec<(PathBuf, u64, u
 /// store, a clean reopen, a reopen after a killed process), rollovers into new segments
 /// (4 KiB segments), and steps within a large segment (8 MiB segments, 64 KiB records).
 /// Returns the log of the journal's writes.
-fn run_workload(skip: Option<SkipSync>) -> Vec<(PathBuf, Op)> {
-    let log: Log = Default::default();
+fn run_workload(skip: Option<SkipSync>) -> Vec<(PathBuf, Change)> {
+    let log: Changes = Default::default();
     let mut fs = FaultFs::new();
     let open = |fs: &FaultFs, segment_bytes: u64| {
+        let traced = Traced::recording_changes(Arc::new(fs.clone()), log.clone());
         let mut b = builder(fs)
-            .vfs(Arc::new(Recording {
-                inner: Arc::new(fs.clone()),
-                log: log.clone(),
-            }))
+            .vfs(Arc::new(traced))
             .segment_bytes(segment_bytes);
         if let Some(skip) = skip {
             b = b.skip_sync(skip);
@@ -235,7 +133,12 @@ fn run_workload(skip: Option<SkipSync>) -> Vec<(PathBuf, Op)> {
     }
     assert!(tally.refused(&store).is_empty());
     store.close().unwrap();
-    log.lock().clone()
+    // The journal's segment files only.
+    let log = log.lock();
+    log.iter()
+        .filter(|(path, _)| path.extension().is_some_and(|e| e == "seg"))
+        .cloned()
+        .collect()
 }
 
 /// Every record is written into space a write of zeros covered and a sync made durable first:
@@ -251,7 +154,7 @@ fn records_go_only_into_zeros_already_written_and_synced() {
     let zero_bytes: u64 = log
         .iter()
         .filter_map(|(_, op)| match op {
-            Op::Write { len, zeros, .. } if *zeros => Some(*len),
+            Change::Write { len, zeros, .. } if *zeros => Some(*len),
             _ => None,
         })
         .sum();

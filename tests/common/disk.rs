@@ -111,6 +111,31 @@ pub fn damage(fs: &FaultFs, path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
     fs.write_file(path, bytes).unwrap();
 }
 
+/// Commits one batch that puts `len` bytes `x` under `key` in `p`.
+pub fn put_filled(store: &FileStore, p: &Partition, key: &str, len: usize) {
+    let b = Batch::new().put(key.as_bytes().to_vec(), vec![b'x'; len]);
+    assert!(store.apply(p, &b).unwrap().is_committed());
+}
+
+/// A store on `fs` ([`builder`]), left open, in which partition `big`'s value `old` (300
+/// bytes) lives in a segment that filler batches then sealed; the returned path is that
+/// segment. Later batches of `big` (`k0`..`k7`, 10 bytes each) are enough that a base record,
+/// holding the location of `old`, follows, so `big`'s newest chain does not need the segment.
+pub fn value_in_a_sealed_segment(fs: &FaultFs) -> (FileStore, Partition, PathBuf) {
+    let store = builder(fs).open().unwrap();
+    let big = Partition::new("big").unwrap();
+    put_filled(&store, &big, "old", 300);
+    let holder = segments(fs).pop().unwrap();
+    let filler = Partition::new("filler").unwrap();
+    while segments(fs).last() == Some(&holder) {
+        put_filled(&store, &filler, "f", 1500);
+    }
+    for i in 0..8 {
+        put_filled(&store, &big, &format!("k{i}"), 10);
+    }
+    (store, big, holder)
+}
+
 /// A tally of single-key writes: each batch sets key `v` of one partition to a fresh value,
 /// so what a partition shows tells exactly which of its batches survived.
 #[derive(Default)]

@@ -363,6 +363,56 @@ pub fn owner_builder(
         .adopt_on_first_use(false)
 }
 
+/// Records from their text.
+pub fn recs(items: &[&str]) -> Vec<Vec<u8>> {
+    items.iter().map(|s| s.as_bytes().to_vec()).collect()
+}
+
+/// A fresh store, machine and engine (the default [`builder`]), with entity `i` registered and
+/// holding `records`.
+pub fn one_entity(
+    i: usize,
+    records: &[&str],
+) -> (Arc<TestStore>, Arc<TestMachine>, TestEngine, EntityId) {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).open().unwrap();
+    let e = entity(i);
+    engine.register(&e).unwrap();
+    engine.append(&e, recs(records)).unwrap();
+    (store, machine, engine, e)
+}
+
+/// An engine over `store` in which entity 1 is contained: its written record `ok` was applied,
+/// then `apply` refused `!refuse`.
+pub fn contained(machine: &Arc<TestMachine>, store: &Arc<TestStore>) -> (TestEngine, EntityId) {
+    let engine = builder(machine, store).open().unwrap();
+    let e = entity(1);
+    engine.register(&e).unwrap();
+    engine.append(&e, recs(&["ok"])).unwrap();
+    let err = engine.append(&e, recs(&["!refuse"])).unwrap_err();
+    assert!(matches!(err, portcullis::Error::Contained { .. }), "{err}");
+    (engine, e)
+}
+
+/// `entities` registered and holding `records` each, written by an engine that then crashes
+/// (so the next holder of their namespace owes a repair).
+pub fn crashed_with(
+    machine: &Arc<TestMachine>,
+    store: &Arc<TestStore>,
+    entities: &[EntityId],
+    records: &[&str],
+) {
+    crash({
+        let engine = builder(machine, store).open().unwrap();
+        for e in entities {
+            engine.register(e).unwrap();
+            engine.append(e, recs(records)).unwrap();
+        }
+        engine
+    });
+}
+
 /// Ends an engine the way a crash would: no clean shutdown is recorded (dropping it would
 /// close it cleanly, SPEC R11). The store wrapper keeps the data for the next open.
 pub fn crash(engine: TestEngine) {
