@@ -4,8 +4,8 @@
 //! leased-shard row per leased entity, a recovery marker and a revocation checkpoint. Entity
 //! partition: the entity's lease, under a reserved key (first byte `0x00`).
 //!
-//! Decoding never panics: a row that does not decode is [`Error::Corrupt`] and the caller
-//! stops before changing anything.
+//! Decoding never panics: a row that does not decode is
+//! [`Error::Corrupt`](crate::Error::Corrupt) and the caller stops before changing anything.
 
 use serde::{Deserialize, Serialize};
 

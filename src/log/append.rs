@@ -48,7 +48,7 @@ pub struct Appended {
 }
 
 /// Appends `records` to the log in `p`, reading the head first and retrying (at most 16
-/// times) while another writer moves it; then [`Error::Unavailable`](crate::Error::Unavailable).
+/// times) while another writer moves it; then [`Error::Unavailable`].
 ///
 /// `extra` carries the caller's guards and row operations; they commit atomically with the
 /// records or not at all.

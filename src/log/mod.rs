@@ -3,7 +3,7 @@
 //! Owns: the layout of the reserved log rows inside an entity partition (`keys`), the head
 //! row (next sequence number, first retained sequence number, running digest, newest checkpoint
 //! mark), appending records with the caller's guards and row operations in the same atomic batch
-//! ([`append`]), paging through history ([`read_log`]), verified replay
+//! ([`fn@append`]), paging through history ([`read_log`]), verified replay
 //! ([`replay`]), checkpoints ([`write_checkpoint`], [`load_restore_point`]), verification of a
 //! checkpoint against history and prefix truncation
 //! ([`truncate_before`]).
@@ -60,7 +60,7 @@ pub(crate) use digest::GENESIS_DIGEST;
 #[cfg(feature = "test-hooks")]
 pub use digest::{GENESIS_DIGEST, chain_digest};
 
-/// How many times [`append`] re-reads a head that moved under it before answering
+/// How many times [`fn@append`] re-reads a head that moved under it before answering
 /// [`crate::Error::Unavailable`].
 #[cfg(feature = "test-hooks")]
 pub const APPEND_RETRIES: usize = 16;
@@ -74,7 +74,7 @@ pub const REPLAY_PAGE: usize = 256;
 pub(crate) const REPLAY_PAGE: usize = 256;
 
 /// The first byte of every row format version written by this module. A row carrying a newer
-/// version is refused with [`Error::UnsupportedVersion`](crate::Error::UnsupportedVersion).
+/// version is refused with [`Error::UnsupportedVersion`].
 pub(crate) const ROW_VERSION: u8 = 1;
 
 use crate::error::Error;

@@ -1,7 +1,7 @@
 //! The file-backed store: one shared journal of segment files with a chain of records per
 //! partition, group commit, lazy per-partition indexes, recovery and compaction.
 //!
-//! Owns: the on-disk format ([`format`]), the journal and its group commit ([`journal`]),
+//! Owns: the on-disk format ([`mod@format`]), the journal and its group commit ([`journal`]),
 //! per-partition indexes ([`partition`]), the partition table ([`table`]), open-time recovery
 //! ([`recovery`]), heads snapshots ([`heads`]), the manifest ([`container`]), compaction
 //! ([`compaction`]) and the file layer ([`vfs`]). [`FileStore`] itself is split by job: its

@@ -5,8 +5,9 @@
 //!   dropped), with its live head;
 //! - `overlay`: heads newer than the snapshot's pages, found by open's journal scan after the
 //!   snapshot or kept when an idle index was dropped;
-//! - `base`: the pages of the heads snapshot open read ([`heads::Pages`]), looked up on a
-//!   partition's first touch with one page read, never held in memory (SPEC S5, S8).
+//! - `base`: the pages of the heads snapshot open read
+//!   ([`heads::Pages`](super::heads::Pages)), looked up on a partition's first touch with one
+//!   page read, never held in memory (SPEC S5, S8).
 //!
 //! A lookup asks them in that order; listing merges them in name order. Page reads happen with
 //! the table's lock released (the pages never change), and the result is re-checked under the

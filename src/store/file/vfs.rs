@@ -2,7 +2,8 @@
 //!
 //! The store never calls `std::fs` directly: it goes through a [`Vfs`], so tests can swap in a
 //! layer that drops unsynced writes, tears the last write or fails a chosen operation (see
-//! [`super::FaultFs`]) and check recovery against every crash point.
+//! `FaultFs`, built with the `fault-injection` feature) and check recovery against every crash
+//! point.
 
 use std::fmt::Debug;
 use std::fs::{File, OpenOptions, TryLockError};
