@@ -7,6 +7,7 @@ use std::sync::Arc;
 use common::engine::{TestEngine, TestMachine, TestStore, builder, entity, payloads};
 use portcullis::engine::Engine;
 use portcullis::log::{self, MAX_RECORD_BYTES};
+use portcullis::store::{MemoryStore, Store, StoreLimits};
 use portcullis::{EntityId, Error};
 
 /// E2: every public handle that threads share is `Send + Sync`.
@@ -270,4 +271,21 @@ fn f3_engine_writes_commit_under_the_grant_epoch_and_stale_grants_are_fenced() {
         payloads(&engine, &e).unwrap(),
         vec![b"a".to_vec(), b"b".to_vec()]
     );
+}
+
+/// The test kit's store wrapper answers for the store it wraps (SPEC S11): its limits and
+/// whether it evaluates deadlines. Otherwise an engine over a store without deadlines would
+/// put `NotAfter` on its fenced writes and have them refused.
+#[test]
+fn the_test_store_forwards_the_limits_and_deadline_support_of_the_store_it_wraps() {
+    let limits = StoreLimits::DEFAULT.with_max_batch_ops(64);
+    let store = TestStore::over(MemoryStore::new().with_limits(limits).without_deadlines());
+    assert_eq!(store.limits(), limits);
+    assert!(!store.evaluates_deadlines());
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).open().unwrap();
+    let e = entity(0);
+    engine.register(&e).unwrap();
+    assert_eq!(engine.append(&e, vec![b"a".to_vec()]).unwrap(), 1..=1);
+    assert_eq!(payloads(&engine, &e).unwrap(), vec![b"a".to_vec()]);
 }

@@ -12,7 +12,7 @@ use portcullis::fence::{
     DriverLimits, Fence, FenceConfig, FenceGrant, FenceKind, GuardSwitches, HookPoint, LeaseRow,
     RevokeBudget, RevokeProgress, ScanPosition, WriteOutcome, decode_row, encode_row, write_under,
 };
-use portcullis::store::{Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, Store, StoreStats};
+use portcullis::store::{Batch, KeyRange, Partition, Store};
 use portcullis::{Error, Namespace};
 
 fn put(key: &str) -> Batch {
@@ -70,47 +70,23 @@ fn f1_bump_compare_and_sets_within_step_limits() {
     });
 }
 
-type BeforeApply = Box<dyn Fn(&dyn Store) + Send + Sync>;
-
-/// A store that runs `before_apply` (once per apply on the coordinator) before forwarding:
-/// a deterministic concurrent winner.
-struct Interposer {
-    inner: Arc<dyn Store>,
-    before_apply: BeforeApply,
-}
-
-impl Store for Interposer {
-    fn get(&self, p: &Partition, key: &[u8]) -> portcullis::Result<Option<Vec<u8>>> {
-        self.inner.get(p, key)
-    }
-    fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> portcullis::Result<Vec<Option<Vec<u8>>>> {
-        self.inner.get_many(p, keys)
-    }
-    fn scan(
-        &self,
-        p: &Partition,
-        r: &KeyRange,
-        c: Option<&Cursor>,
-        l: usize,
-    ) -> portcullis::Result<ScanPage> {
-        self.inner.scan(p, r, c, l)
-    }
-    fn apply(&self, p: &Partition, batch: &Batch) -> portcullis::Result<Outcome> {
-        (self.before_apply)(&*self.inner);
-        self.inner.apply(p, batch)
-    }
-    fn list_partitions(&self, prefix: &[u8]) -> portcullis::Result<Vec<Partition>> {
-        self.inner.list_partitions(prefix)
-    }
-    fn now_ms(&self) -> u64 {
-        self.inner.now_ms()
-    }
-    fn stats(&self) -> StoreStats {
-        self.inner.stats()
-    }
-    fn close(&self) -> portcullis::Result<()> {
-        self.inner.close()
-    }
+/// The interposing store answers for the store it wraps (SPEC S11): a fence over it on a
+/// backend without deadlines must know, or it would put `NotAfter` on its fenced writes.
+#[test]
+fn the_interposer_forwards_the_limits_and_deadline_support_of_the_store_it_wraps() {
+    each_backend(|env| {
+        let interposer = Interposer {
+            inner: env.store.clone(),
+            before_apply: Box::new(|_| {}),
+        };
+        assert_eq!(interposer.limits(), env.store.limits(), "{}", env.name);
+        assert_eq!(
+            interposer.evaluates_deadlines(),
+            env.store.evaluates_deadlines(),
+            "{}",
+            env.name
+        );
+    });
 }
 
 fn install_epoch(store: &dyn Store, fence: &Fence, epoch: u64) {

@@ -12,7 +12,7 @@ use portcullis::fence::{
     Fence, FenceGrant, FenceKind, HookPoint, RevokeBudget, RevokeProgress, WriteOutcome,
     encode_row, write_under,
 };
-use portcullis::store::{Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, Store, StoreStats};
+use portcullis::store::Batch;
 use portcullis::{Error, Namespace};
 
 fn put(key: &str) -> Batch {
@@ -229,52 +229,6 @@ fn a_renewal_racing_the_declaration_leaves_no_row() {
         );
         assert!(env.fence.is_unfenced(&ns).unwrap());
     });
-}
-
-type BeforeApply = Box<dyn Fn(&dyn Store) + Send + Sync>;
-
-/// A store that runs `before_apply` before forwarding each apply: a deterministic concurrent
-/// winner between a read and the compare-and-set that follows it.
-struct Interposer {
-    inner: Arc<dyn Store>,
-    before_apply: BeforeApply,
-}
-
-impl Store for Interposer {
-    fn get(&self, p: &Partition, key: &[u8]) -> portcullis::Result<Option<Vec<u8>>> {
-        self.inner.get(p, key)
-    }
-    fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> portcullis::Result<Vec<Option<Vec<u8>>>> {
-        self.inner.get_many(p, keys)
-    }
-    fn scan(
-        &self,
-        p: &Partition,
-        r: &KeyRange,
-        c: Option<&Cursor>,
-        l: usize,
-    ) -> portcullis::Result<ScanPage> {
-        self.inner.scan(p, r, c, l)
-    }
-    fn apply(&self, p: &Partition, batch: &Batch) -> portcullis::Result<Outcome> {
-        (self.before_apply)(&*self.inner);
-        self.inner.apply(p, batch)
-    }
-    fn list_partitions(&self, prefix: &[u8]) -> portcullis::Result<Vec<Partition>> {
-        self.inner.list_partitions(prefix)
-    }
-    fn now_ms(&self) -> u64 {
-        self.inner.now_ms()
-    }
-    fn evaluates_deadlines(&self) -> bool {
-        self.inner.evaluates_deadlines()
-    }
-    fn stats(&self) -> StoreStats {
-        self.inner.stats()
-    }
-    fn close(&self) -> portcullis::Result<()> {
-        self.inner.close()
-    }
 }
 
 /// A declaration and a bump racing between read and commit: never both succeed.

@@ -11,7 +11,9 @@ use parking_lot::Mutex;
 use portcullis::EntityId;
 use portcullis::engine::{Engine, EngineBuilder};
 use portcullis::restore::{ApplyContext, Origin, Rejection, StateMachine};
-use portcullis::store::{Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, StoreStats};
+use portcullis::store::{
+    Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, StoreLimits, StoreStats,
+};
 
 /// The folded state: the records seen, in order, with their sequence numbers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -172,7 +174,8 @@ impl TestStore {
         Self::over(MemoryStore::with_clock(clock))
     }
 
-    fn over(inner: MemoryStore) -> Arc<Self> {
+    /// A test store over `inner` (its limits and deadline support are the wrapper's too).
+    pub fn over(inner: MemoryStore) -> Arc<Self> {
         Arc::new(TestStore {
             inner,
             fail_reads_of: Mutex::new(None),
@@ -244,6 +247,10 @@ impl Store for TestStore {
         self.read(p)?;
         self.inner.get(p, key)
     }
+    fn get_for_update(&self, p: &Partition, key: &[u8]) -> portcullis::Result<Option<Vec<u8>>> {
+        self.read(p)?;
+        self.inner.get_for_update(p, key)
+    }
     fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> portcullis::Result<Vec<Option<Vec<u8>>>> {
         self.read(p)?;
         self.inner.get_many(p, keys)
@@ -310,6 +317,13 @@ impl Store for TestStore {
     }
     fn now_ms(&self) -> u64 {
         self.inner.now_ms()
+    }
+    // The wrapped store's answers, not the trait's defaults (SPEC S11).
+    fn limits(&self) -> StoreLimits {
+        self.inner.limits()
+    }
+    fn evaluates_deadlines(&self) -> bool {
+        self.inner.evaluates_deadlines()
     }
     fn stats(&self) -> StoreStats {
         self.inner.stats()

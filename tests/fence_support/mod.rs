@@ -14,7 +14,10 @@ use parking_lot::Mutex;
 use portcullis::fence::{
     Fence, FenceConfig, FenceHooks, HookPoint, LeaseRow, ShardRow, decode_row,
 };
-use portcullis::store::{FileStore, MemoryStore, Store, SyncPolicy};
+use portcullis::store::{
+    Batch, Cursor, FileStore, KeyRange, MemoryStore, Outcome, Partition, ScanPage, Store,
+    StoreLimits, StoreStats, SyncPolicy,
+};
 use portcullis::{Clock, EntityId, ManualClock, Namespace, SharedClock};
 
 /// Builds a fresh, empty store whose `NotAfter` reads `store_clock`. The guard keeps any
@@ -368,4 +371,60 @@ pub fn revoke_to_complete(env: &Env, max_slices: usize) -> usize {
         "revocation did not complete in {max_slices} slices on {}",
         env.name
     );
+}
+
+pub type BeforeApply = Box<dyn Fn(&dyn Store) + Send + Sync>;
+
+/// A store that runs `before_apply` (given the wrapped store) before forwarding each apply: a
+/// deterministic concurrent winner between a read and the compare-and-set that follows it.
+/// Everything else is the wrapped store's, its limits and deadline support included (SPEC S11).
+pub struct Interposer {
+    pub inner: Arc<dyn Store>,
+    pub before_apply: BeforeApply,
+}
+
+impl Store for Interposer {
+    fn get(&self, p: &Partition, key: &[u8]) -> portcullis::Result<Option<Vec<u8>>> {
+        self.inner.get(p, key)
+    }
+    fn get_for_update(&self, p: &Partition, key: &[u8]) -> portcullis::Result<Option<Vec<u8>>> {
+        self.inner.get_for_update(p, key)
+    }
+    fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> portcullis::Result<Vec<Option<Vec<u8>>>> {
+        self.inner.get_many(p, keys)
+    }
+    fn scan(
+        &self,
+        p: &Partition,
+        r: &KeyRange,
+        c: Option<&Cursor>,
+        l: usize,
+    ) -> portcullis::Result<ScanPage> {
+        self.inner.scan(p, r, c, l)
+    }
+    fn apply(&self, p: &Partition, batch: &Batch) -> portcullis::Result<Outcome> {
+        (self.before_apply)(&*self.inner);
+        self.inner.apply(p, batch)
+    }
+    fn list_partitions(&self, prefix: &[u8]) -> portcullis::Result<Vec<Partition>> {
+        self.inner.list_partitions(prefix)
+    }
+    fn contains_partition(&self, p: &Partition) -> portcullis::Result<bool> {
+        self.inner.contains_partition(p)
+    }
+    fn now_ms(&self) -> u64 {
+        self.inner.now_ms()
+    }
+    fn limits(&self) -> StoreLimits {
+        self.inner.limits()
+    }
+    fn evaluates_deadlines(&self) -> bool {
+        self.inner.evaluates_deadlines()
+    }
+    fn stats(&self) -> StoreStats {
+        self.inner.stats()
+    }
+    fn close(&self) -> portcullis::Result<()> {
+        self.inner.close()
+    }
 }
