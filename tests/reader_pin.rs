@@ -8,11 +8,16 @@
 //! the test, which then lets the reader go); with the pin switched off (the negative control,
 //! feature `fault-injection`), compaction deletes the segments and the reader's next value
 //! read fails.
+//!
+//! Every wait for another thread is bounded ([`STEP`]): a reader that never reaches the gate or a
+//! compaction that never answers fails the test with what it was waiting for, instead of
+//! hanging it.
 
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use crossbeam::channel::{Receiver, Sender, bounded, unbounded};
 use portcullis::store::{
@@ -22,6 +27,19 @@ use portcullis::store::{
 
 /// The length of the values the reader reads: the gate stops the first read of this length.
 const VALUE_LEN: usize = 777;
+
+/// How long the test waits for one step of another thread (a bound on a hang, far above what a
+/// step takes; nothing waits for time to pass).
+const STEP: Duration = Duration::from_secs(30);
+
+/// The next message on `rx`, or a test failure naming `what` did not happen.
+#[track_caller]
+fn wait<T>(rx: &Receiver<T>, limit: Duration, what: &str) -> T {
+    match rx.recv_timeout(limit) {
+        Ok(message) => message,
+        Err(e) => panic!("{what} within {limit:?} ({e}): the test would hang"),
+    }
+}
 
 /// Stops the first read of [`VALUE_LEN`] bytes once armed: reports it, then waits to be let go.
 #[derive(Debug)]
@@ -35,7 +53,7 @@ impl Gate {
     fn pass(&self, len: usize) {
         if len == VALUE_LEN && self.armed.swap(false, Ordering::SeqCst) {
             self.paused.send(()).unwrap();
-            self.go.recv().unwrap();
+            wait(&self.go, STEP, "the test did not let the paused reader go");
         }
     }
 }
@@ -162,12 +180,19 @@ fn scan_while_compacting(skip_pin: bool) -> Run {
     assert_eq!(store.get(&p, b"a").unwrap(), Some(value(0)));
 
     gate.armed.store(true, Ordering::SeqCst);
+    let (scanned_tx, scanned) = bounded(1);
     let reader = {
         let store = store.clone();
         let p = p.clone();
-        std::thread::spawn(move || store.scan(&p, &KeyRange::all(), None, 10))
+        std::thread::spawn(move || {
+            let _ = scanned_tx.send(store.scan(&p, &KeyRange::all(), None, 10));
+        })
     };
-    paused.recv().unwrap();
+    wait(
+        &paused,
+        STEP,
+        "the reader's scan did not reach its first value read",
+    );
     let compactor = {
         let store = store.clone();
         std::thread::spawn(move || {
@@ -177,11 +202,16 @@ fn scan_while_compacting(skip_pin: bool) -> Run {
         })
     };
     let mut compaction_waited = false;
-    let report = match events.recv().unwrap() {
+    let compaction = "compaction neither waited for the reader nor finished";
+    let report = match wait(&events, STEP, compaction) {
         Event::CompactionWaits => {
             compaction_waited = true;
             go.send(()).unwrap();
-            match events.recv().unwrap() {
+            match wait(
+                &events,
+                STEP,
+                "compaction did not finish once the reader went on",
+            ) {
                 Event::CompactionDone(report) => report,
                 Event::CompactionWaits => panic!("compaction waited twice"),
             }
@@ -191,7 +221,12 @@ fn scan_while_compacting(skip_pin: bool) -> Run {
             report
         }
     };
-    let scan = reader.join().unwrap();
+    let scan = wait(
+        &scanned,
+        STEP,
+        "the reader's scan did not finish once let go",
+    );
+    reader.join().unwrap();
     compactor.join().unwrap();
     let report = report.unwrap();
     // Whatever the reader saw, the store itself still holds every value.
@@ -237,4 +272,17 @@ fn control_skipping_the_reader_pin_is_caught() {
             "without the pin the paused reader still read the right values: the test has no teeth"
         ),
     }
+}
+
+/// The bound on every wait above: a step that never comes fails the test, naming what it was
+/// waiting for, instead of hanging it.
+#[test]
+#[should_panic(expected = "the reader's scan did not reach its first value read within")]
+fn a_step_that_never_comes_fails_instead_of_hanging() {
+    let (_never, rx) = bounded::<()>(1);
+    wait(
+        &rx,
+        Duration::from_millis(1),
+        "the reader's scan did not reach its first value read",
+    );
 }
