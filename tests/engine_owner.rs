@@ -7,18 +7,14 @@ mod common;
 use std::sync::Arc;
 
 use common::engine::{
-    TestEngine, TestMachine, TestStore, builder, entity, owner_builder, payloads,
-    revoke_to_complete,
+    TestMachine, TestStore, builder, entity, owner_builder, payloads, recs, revoke_to_complete,
+    taken_over,
 };
 use portcullis::engine::Deferred;
 use portcullis::store::{Batch, MemoryStore, Partition, Precondition, Store};
 use portcullis::{Error, ManualClock, Namespace};
 
 const LEASE_KEY: &[u8] = b"\0fence.epoch.lease";
-
-fn recs(items: &[&str]) -> Vec<Vec<u8>> {
-    items.iter().map(|s| s.as_bytes().to_vec()).collect()
-}
 
 /// Every recorded entity batch carries the fence's lease guard and deadline (SPEC F3): it was
 /// committed through the fence. Returns how many there were.
@@ -163,25 +159,6 @@ fn f11_checkpoint_and_truncation_are_fenced() {
 // ---------------------------------------------------------------------------------------------
 // Hand-over: a deposed owner stops serving at once, and a fenced restore is retryable.
 
-/// Two owners over one store; `a` serves `ns` and has written `e`; `b` has taken it over.
-fn taken_over() -> (Arc<TestStore>, Arc<TestMachine>, TestEngine, TestEngine) {
-    let store = TestStore::new();
-    let machine = Arc::new(TestMachine::default());
-    let a = owner_builder(&machine, &store, "a").open().unwrap();
-    let b = owner_builder(&machine, &store, "b").open().unwrap();
-    let ns = entity(1).namespace().clone();
-    assert_eq!(a.own(&ns).unwrap(), 0);
-    a.register(&entity(1)).unwrap();
-    a.register(&entity(2)).unwrap();
-    a.append(&entity(1), recs(&["a1"])).unwrap();
-    // b may not adopt while a holds the namespace at the current epoch.
-    assert!(matches!(b.own(&ns).unwrap_err(), Error::NotServed { .. }));
-    b.bump_epoch(&ns, 1).unwrap();
-    revoke_to_complete(&b, &ns);
-    assert_eq!(b.own(&ns).unwrap(), 1);
-    (store, machine, a, b)
-}
-
 #[test]
 fn f11_a_deposed_owner_is_refused_and_then_answers_fenced_without_store_calls() {
     let (store, _machine, a, b) = taken_over();
@@ -216,6 +193,59 @@ fn f11_a_deposed_owner_is_refused_and_then_answers_fenced_without_store_calls() 
     assert_eq!(payloads(&b, &e).unwrap(), recs(&["a1", "b1"]));
     assert_eq!(b.stats().phases.contained, 0);
     assert_eq!(a.stats().phases.contained, 0);
+}
+
+/// `own` answers the namespace's current epoch (SPEC F11, docs/fencing.md "Holding"): called
+/// by the holder after a bump of its own namespace (no write has met the new epoch yet), it
+/// adopts the namespace again at that epoch, and the next write commits instead of meeting
+/// `Fenced`. Before, it returned the stale grant 0.
+#[test]
+fn f11_own_after_a_bump_adopts_the_current_epoch_not_the_stale_grant() {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let a = owner_builder(&machine, &store, "a").open().unwrap();
+    let (e, ns) = (entity(1), entity(1).namespace().clone());
+    assert_eq!(a.own(&ns).unwrap(), 0);
+    a.register(&e).unwrap();
+    a.append(&e, recs(&["a1"])).unwrap();
+    // Asked again with nothing bumped: the same holding, no re-adoption.
+    assert_eq!(a.own(&ns).unwrap(), 0);
+    assert_eq!(machine.units_of(&e), 1);
+    a.bump_epoch(&ns, 1).unwrap();
+    revoke_to_complete(&a, &ns);
+    assert_eq!(a.own(&ns).unwrap(), 1);
+    assert_eq!(a.grant(&ns), Some(1));
+    a.append(&e, recs(&["a2"])).unwrap();
+    assert_eq!(payloads(&a, &e).unwrap(), recs(&["a1", "a2"]));
+    // Adopted again, the entity restored afresh under the new holding.
+    assert_eq!(machine.units_of(&e), 2);
+}
+
+/// A holder whose namespace another owner took over (bump, revoke, own) and that has not
+/// written since is stale: its `own` is refused with `NotServed`, as for any owner while
+/// another holds the namespace at the current epoch, and it stops serving the namespace.
+/// Before, `own` answered the stale grant 0 as if it still held it.
+#[test]
+fn f11_own_by_a_holder_another_owner_took_over_is_not_served() {
+    let (_store, _machine, a, b) = taken_over();
+    let (e, ns) = (entity(1), entity(1).namespace().clone());
+    let err = a.own(&ns).unwrap_err();
+    assert!(matches!(err, Error::NotServed { .. }), "{err}");
+    assert!(err.to_string().contains("\"b\""), "{err}");
+    assert_eq!(a.grant(&ns), None, "a stopped serving the namespace");
+    let err = a.append(&e, recs(&["stale"])).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Fenced {
+                grant: 0,
+                current: 1
+            }
+        ),
+        "{err}"
+    );
+    b.append(&e, recs(&["b1"])).unwrap();
+    assert_eq!(payloads(&b, &e).unwrap(), recs(&["a1", "b1"]));
 }
 
 #[test]

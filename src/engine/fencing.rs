@@ -14,9 +14,13 @@ impl<M: StateMachine> Engine<M> {
     /// epoch, the grant every write it makes to an entity of the namespace commits under
     /// (SPEC F11). Returns the grant.
     ///
-    /// Adopting a namespace this engine already serves returns its grant. Adopting one this
-    /// engine was fenced out of (or released) takes it again at the current epoch and restores
-    /// its entities afresh; do that only once this engine should own it again.
+    /// Adopting a namespace this engine already serves returns its grant while that is still
+    /// the current epoch (one store read). If the epoch was bumped since (by this engine or
+    /// another) and no write has learned it yet, that holding is stale: it is deposed, as a
+    /// write meeting [`Fenced`](crate::Error::Fenced) would, and the namespace adopted again
+    /// as below. Adopting one this engine was fenced out of (or released) takes it again at
+    /// the current epoch and restores its entities afresh; do that only once this engine should
+    /// own it again.
     ///
     /// Refused with [`NotServed`](crate::Error::NotServed) while another owner holds the
     /// namespace at the current epoch: to take it over, bump the epoch

@@ -205,14 +205,31 @@ impl Owners {
     }
 
     /// Adopts `ns` at its current epoch (SPEC F11) and returns the grant. Adopting a namespace
-    /// this engine already serves in the same mode returns its grant. `first_use` marks an
-    /// implicit adoption, which never takes a namespace back from a deposed or released holding.
+    /// this engine already serves in the same mode returns its grant if it is still current;
+    /// an explicit adoption reads the epoch to know, and one that finds it bumped deposes the
+    /// stale holding (as a write meeting `Fenced` would) and adopts again at the current epoch,
+    /// or is refused while another owner holds it there. `first_use` marks an implicit
+    /// adoption, which never takes a namespace back from a deposed or released holding (and
+    /// makes no store call for a namespace it serves: a write learns of a bump soon enough).
     pub(crate) fn adopt(&self, ns: &Namespace, mode: Mode, first_use: bool) -> Result<u64> {
         let _adopting = self.adopting.lock();
         let previous = self.map.read().get(ns).cloned();
         if let Some(h) = &previous {
             match h.status {
-                Status::Serving if h.mode == mode => return Ok(h.grant),
+                Status::Serving if h.mode == mode => {
+                    // Unfenced namespaces are never bumped (SPEC F11).
+                    if first_use || mode == Mode::Unfenced {
+                        return Ok(h.grant);
+                    }
+                    // An explicit adoption answers the current epoch, not a grant a bump has
+                    // made stale before any write learned it (SPEC F11: a stale owner stops
+                    // serving at once).
+                    let current = self.fence.current_epoch(ns)?;
+                    if current == h.grant {
+                        return Ok(h.grant);
+                    }
+                    self.depose(ns, h.grant, current);
+                }
                 Status::Serving if h.mode == Mode::Fenced => {
                     return Err(Error::invalid(format!(
                         "namespace {ns} is already served fenced; release it first to serve it \

@@ -427,6 +427,30 @@ pub fn crashed_with(
     });
 }
 
+/// Two owners over one store (a test store, ids "a" and "b"): `a` adopted the namespace of
+/// entities 1 and 2, registered both and wrote `a1` to entity 1; then `b` bumped the epoch to 1,
+/// revoked to `Complete` and adopted it.
+pub fn taken_over() -> (Arc<TestStore>, Arc<TestMachine>, TestEngine, TestEngine) {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let a = owner_builder(&machine, &store, "a").open().unwrap();
+    let b = owner_builder(&machine, &store, "b").open().unwrap();
+    let ns = entity(1).namespace().clone();
+    assert_eq!(a.own(&ns).unwrap(), 0);
+    a.register(&entity(1)).unwrap();
+    a.register(&entity(2)).unwrap();
+    a.append(&entity(1), recs(&["a1"])).unwrap();
+    // b may not adopt while a holds the namespace at the current epoch.
+    assert!(matches!(
+        b.own(&ns).unwrap_err(),
+        portcullis::Error::NotServed { .. }
+    ));
+    b.bump_epoch(&ns, 1).unwrap();
+    revoke_to_complete(&b, &ns);
+    assert_eq!(b.own(&ns).unwrap(), 1);
+    (store, machine, a, b)
+}
+
 /// Ends an engine the way a crash would: no clean shutdown is recorded (dropping it would
 /// close it cleanly, SPEC R11). The store wrapper keeps the data for the next open.
 pub fn crash(engine: TestEngine) {
