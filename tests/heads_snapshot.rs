@@ -1,8 +1,9 @@
 //! The paged heads snapshot (SPEC S4, S5, S8): open reads only the snapshot's page index, a
 //! partition's head is found on its first touch, heads found after the snapshot or kept when
 //! an index is dropped win over the pages, a damaged page refuses exactly the partitions it
-//! could hold until a reopen rebuilds the heads from the journal, and a snapshot of the older
-//! whole-file format is read and converted.
+//! could hold (a damaged index page those of every data page it names) until a reopen rebuilds
+//! the heads from the journal, and a snapshot of the older whole-file format is read and
+//! converted.
 
 mod common;
 
@@ -274,4 +275,77 @@ fn a_whole_file_snapshot_is_read_and_converted() {
     let store = builder(&fs).open().unwrap();
     assert!(store.open_report().snapshot_bytes < 1_000);
     check(&store, &model);
+}
+
+/// Byte `at` of the newest snapshot's index page (after the data pages; one index page holds
+/// the first names of hundreds of data pages, and the meta after it is shorter than a page).
+fn index_page_byte(fs: &FaultFs, at: usize) -> usize {
+    let snap = snapshot_files(fs).pop().unwrap();
+    let len = fs.read_file(&snap).unwrap().len();
+    let pages = (len - SNAPSHOT_PAGES_AT) / SNAPSHOT_PAGE_LEN;
+    page_byte(pages - 1, at)
+}
+
+/// Flips the last byte of the index page's second entry: data page 1's first name.
+fn damage_index_page(fs: &FaultFs) {
+    let snap = snapshot_files(fs).pop().unwrap();
+    let at = index_page_byte(fs, 0);
+    common::disk::damage(fs, &snap, |b| {
+        // The checksum and the count, then each entry: name length and name.
+        let second = at + 6 + 1 + b[at + 6] as usize;
+        let last = second + b[second] as usize;
+        b[last] ^= 0x01;
+    });
+}
+
+/// A damaged index page refuses every partition whose data page it names (here all of them:
+/// a few thousand partitions have one index page), never answers one absent, and a reopen
+/// rebuilds the heads from the journal.
+#[test]
+fn a_damaged_index_page_refuses_the_partitions_it_names() {
+    let (fs, model) = written();
+    damage_index_page(&fs);
+    let store = builder(&fs).open().unwrap();
+    assert!(!store.open_report().rebuilt_by_full_scan);
+    for n in model.keys() {
+        match get(&store, n) {
+            Err(Error::Corrupt { what, detail }) => {
+                assert!(what.contains("index page 0"), "{what}");
+                assert!(detail.contains("reopened"), "{detail}");
+            }
+            other => panic!("{n}: {other:?}"),
+        }
+    }
+    // A name before the index's first is outside its span.
+    put(&store, "aaa/before", "x");
+    let damage = store.damage();
+    assert!(
+        damage
+            .unattributed
+            .iter()
+            .any(|d| d.contains("index page 0")),
+        "{damage:?}"
+    );
+    store.close().unwrap();
+
+    let store = builder(&fs).open().unwrap();
+    assert!(store.open_report().rebuilt_by_full_scan);
+    let mut model = model;
+    model.insert("aaa/before".into(), "x".into());
+    check(&store, &model);
+}
+
+/// Negative control: with the checksums not checked, the damaged index page sends a lookup
+/// to the wrong data page, which answers a partition that exists as absent.
+#[test]
+fn negative_control_an_unchecked_index_page_loses_partitions() {
+    let (fs, model) = written();
+    damage_index_page(&fs);
+    let store = builder(&fs).open().unwrap();
+    store.set_snapshot_page_checks_off_for_test(true);
+    let lost = model
+        .keys()
+        .filter(|n| matches!(get(&store, n), Ok(None)))
+        .count();
+    assert!(lost > 0, "an unchecked index page lost nothing");
 }

@@ -11,15 +11,22 @@
 //!
 //! | part   | bytes                | contents                                                   |
 //! |--------|----------------------|------------------------------------------------------------|
-//! | header | [`HEADER_LEN`]       | preamble (magic, version, its crc) \| page length \| pages \| meta length \| meta crc32c \| crc32c of these 16 bytes |
-//! | pages  | pages x page length  | from offset [`PAGES_AT`]; each: crc32c (seeded with the page number) \| entry count (u16) \| entries (name length u8, name, head u64), zero padding |
-//! | meta   | meta length          | postcard: journal position, damage, garbage estimate, partition count, first name of each page |
+//! | header | [`HEADER_LEN`]       | preamble (magic, version, its crc) \| page length \| pages \| meta length \| meta crc32c \| crc32c of these 16 bytes \| index pages \| crc32c of the 24 bytes after the preamble |
+//! | pages  | pages x page length  | from offset [`PAGES_AT`]; data pages, each: crc32c (seeded with the page number) \| entry count (u16) \| entries (name length u8, name, head u64), zero padding; then the index pages ([`index`]) |
+//! | meta   | meta length          | postcard: journal position, damage, garbage estimate, partition count, the index's root |
 //!
-//! Open reads the header and the meta (about 20 bytes per page: the first name of each, a
-//! few dozen kilobytes for a million partitions); it never reads a page. A page is verified
-//! when read; a damaged one refuses exactly the names it could hold (from its first name up to
-//! the next page's) and is remembered, so the store stops writing snapshots that would have to
-//! copy it and the next open rebuilds the heads from the journal.
+//! Open reads the header and the meta: with the index paged, a few dozen bytes whatever the
+//! number of partitions; it never reads a page. A first touch reads one index page (kept) and
+//! one data page. A page is verified when read; a damaged data page refuses exactly the names
+//! it could hold (from its first name up to the next page's), a damaged index page the names
+//! of every data page it names, and either is remembered, so the store stops writing
+//! snapshots that would have to copy it and the next open rebuilds the heads from the journal.
+//!
+//! Paged snapshots written before the index was paged have the same magic and data pages, a
+//! header that ends after the first crc (zeros follow) and every data page's first name in the
+//! meta; they are still read (open reads that meta whole), and the next snapshot is written in
+//! the current layout. Earlier builds refuse a snapshot with a paged index as damaged (its
+//! meta does not match their layout) and rebuild the heads from the journal (SPEC S4).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -38,8 +45,12 @@ use super::vfs::{OpenMode, Vfs, VfsFile};
 use super::{SNAPSHOT_MAGIC, container};
 use crate::error::{Error, Result};
 
+mod index;
+#[cfg(test)]
+mod tests;
 mod writer;
 
+use index::{Index, Names, Paged};
 pub use writer::write;
 #[cfg(feature = "test-hooks")]
 pub use writer::write_version_2;
@@ -50,7 +61,9 @@ pub use writer::write_version_2;
 pub const PAGED_MAGIC: &[u8; 8] = b"PCLSHPAG";
 /// Bytes per page.
 pub const PAGE_LEN: usize = 16 << 10;
-const HEADER_LEN: usize = PREAMBLE_LEN + 20;
+const HEADER_LEN: usize = PREAMBLE_LEN + 28;
+/// The header of the layout whose index is in the meta: the part both layouts share.
+const FLAT_HEADER_LEN: usize = PREAMBLE_LEN + 20;
 /// Where the first page starts (the header padded to a block).
 const PAGES_AT: u64 = 4096;
 /// Page checksum and entry count.
@@ -68,13 +81,23 @@ pub struct Position {
     pub garbage_bytes: u64,
 }
 
+/// The meta of a snapshot whose index is paged.
 #[derive(Serialize, Deserialize)]
 struct Meta {
     position: Position,
     partitions: u64,
-    /// The first name of each page, concatenated; `first_ends[i]` is where page i's ends.
-    first_names: Vec<u8>,
-    first_ends: Vec<u32>,
+    /// The first name of each index page.
+    root: Names,
+    /// The first data page each index page names.
+    starts: Vec<u32>,
+}
+
+/// The meta of a snapshot whose index is in it: every data page's first name.
+#[derive(Serialize, Deserialize)]
+struct FlatMeta {
+    position: Position,
+    partitions: u64,
+    first: Names,
 }
 
 /// A heads snapshot as versions 1 and 2 wrote it: one postcard body, read whole.
@@ -117,10 +140,11 @@ pub struct Pages {
     shown: String,
     page_len: usize,
     partitions: u64,
-    first_names: Vec<u8>,
-    first_ends: Vec<u32>,
-    /// Pages found damaged, with what was found.
+    index: Index,
+    /// Data pages found damaged, with what was found.
     damaged: Mutex<BTreeMap<u32, String>>,
+    /// Index pages found damaged, with what was found.
+    damaged_index: Mutex<BTreeMap<u32, String>>,
     /// Test-only negative control: pages are used without checking their checksum.
     #[cfg(feature = "test-hooks")]
     pub unchecked: AtomicBool,
@@ -165,14 +189,20 @@ pub fn open(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
     if crc32c::crc32c(&header[fields..fields + 16]) != field(fields + 16) {
         return Err(corrupt("header checksum mismatch"));
     }
-    let (page_len, pages, meta_len, meta_crc) = (
+    // The earlier layout left zeros after its header; the current one checks what it adds.
+    let flat = header[FLAT_HEADER_LEN..].iter().all(|&b| b == 0);
+    if !flat && crc32c::crc32c(&header[fields..fields + 24]) != field(fields + 24) {
+        return Err(corrupt("header checksum mismatch"));
+    }
+    let (page_len, pages, meta_len, meta_crc, index_pages) = (
         field(fields) as usize,
-        field(fields + 4) as u64,
+        field(fields + 4),
         field(fields + 8) as u64,
         field(fields + 12),
+        field(fields + 20),
     );
-    let meta_at = PAGES_AT + pages * page_len as u64;
-    if page_len < 512 || meta_at + meta_len != len {
+    let meta_at = PAGES_AT + pages as u64 * page_len as u64;
+    if page_len < 512 || meta_at + meta_len != len || index_pages > pages {
         return Err(corrupt("length does not match the file size"));
     }
     let mut body = vec![0u8; meta_len as usize];
@@ -180,25 +210,38 @@ pub fn open(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
     if crc32c::crc32c(&body) != meta_crc {
         return Err(corrupt("checksum mismatch in the page index"));
     }
-    let meta: Meta =
-        postcard::from_bytes(&body).map_err(|e| corrupt(&format!("undecodable: {e}")))?;
-    if meta.first_ends.len() as u64 != pages
-        || meta.first_ends.windows(2).any(|w| w[0] > w[1])
-        || meta.first_ends.last().map_or(0, |&e| e as usize) != meta.first_names.len()
-    {
-        return Err(corrupt("the page index does not match the pages"));
-    }
+    let undecodable = |e: postcard::Error| corrupt(&format!("undecodable: {e}"));
+    let mismatch = || corrupt("the page index does not match the pages");
+    let (position, partitions, index) = if flat {
+        let meta: FlatMeta = postcard::from_bytes(&body).map_err(undecodable)?;
+        if meta.first.len() as u64 != pages as u64 || !meta.first.consistent() {
+            return Err(mismatch());
+        }
+        (meta.position, meta.partitions, Index::Flat(meta.first))
+    } else {
+        let meta: Meta = postcard::from_bytes(&body).map_err(undecodable)?;
+        let data_pages = pages - index_pages;
+        let paged = Paged::new(file.clone(), page_len, data_pages, meta.root, meta.starts)
+            .filter(|p| p.starts.len() as u32 == index_pages)
+            .ok_or_else(mismatch)?;
+        (
+            meta.position,
+            meta.partitions,
+            Index::Paged(Box::new(paged)),
+        )
+    };
+    let header_len = if flat { FLAT_HEADER_LEN } else { HEADER_LEN };
     Ok(Some(Opened {
-        position: meta.position,
-        bytes: (HEADER_LEN as u64) + meta_len,
+        position,
+        bytes: header_len as u64 + meta_len,
         heads: Heads::Paged(Pages {
             file,
             shown: shown_path,
             page_len,
-            partitions: meta.partitions,
-            first_names: meta.first_names,
-            first_ends: meta.first_ends,
+            partitions,
+            index,
             damaged: Mutex::new(BTreeMap::new()),
+            damaged_index: Mutex::new(BTreeMap::new()),
             #[cfg(feature = "test-hooks")]
             unchecked: AtomicBool::new(false),
         }),
@@ -304,40 +347,69 @@ impl Pages {
         self.partitions
     }
 
+    fn checked(&self) -> bool {
+        #[cfg(feature = "test-hooks")]
+        {
+            !self.unchecked.load(Ordering::Relaxed)
+        }
+        #[cfg(not(feature = "test-hooks"))]
+        true
+    }
+
+    /// Data pages.
     fn page_count(&self) -> u32 {
-        self.first_ends.len() as u32
+        match &self.index {
+            Index::Flat(first) => first.len() as u32,
+            Index::Paged(paged) => paged.data_pages,
+        }
     }
 
-    fn first_name(&self, page: u32) -> &[u8] {
-        let i = page as usize;
-        let start = if i == 0 {
-            0
-        } else {
-            self.first_ends[i - 1] as usize
-        };
-        &self.first_names[start..self.first_ends[i] as usize]
-    }
-
-    /// The page that could hold `name`: the last whose first name is not after it.
-    fn page_for(&self, name: &[u8]) -> Option<u32> {
-        let (mut lo, mut hi) = (0u32, self.page_count());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if self.first_name(mid) <= name {
-                lo = mid + 1;
-            } else {
-                hi = mid;
+    /// Data page `page`'s first name, reading its index page if needed.
+    fn first_name(&self, page: u32) -> Result<&[u8]> {
+        match &self.index {
+            Index::Flat(first) => Ok(first.get(page as usize)),
+            Index::Paged(paged) => {
+                self.index_page_usable(paged, paged.index_page_of(page))?;
+                paged
+                    .first_name(page, self.checked())
+                    .map_err(|(j, e)| self.index_unusable(paged, j, e))
             }
         }
-        lo.checked_sub(1)
+    }
+
+    /// Data page `page`'s first name if known without reading, for messages.
+    fn known_first_name(&self, page: u32) -> Option<&[u8]> {
+        match &self.index {
+            Index::Flat(first) => Some(first.get(page as usize)),
+            Index::Paged(paged) => paged.known_first_name(page),
+        }
+    }
+
+    /// The data page that could hold `name`: the last whose first name is not after it.
+    fn page_for(&self, name: &[u8]) -> Result<Option<u32>> {
+        match &self.index {
+            Index::Flat(first) => {
+                Ok(Names::last_not_after(first.len(), |i| first.get(i), name).map(|i| i as u32))
+            }
+            Index::Paged(paged) => {
+                let Some(j) = paged.index_page_for(name) else {
+                    return Ok(None);
+                };
+                self.index_page_usable(paged, j)?;
+                paged
+                    .page_within(j, name, self.checked())
+                    .map(Some)
+                    .map_err(|e| self.index_unusable(paged, j, e))
+            }
+        }
     }
 
     /// The names page `page` could hold, for messages.
     fn span(&self, page: u32) -> String {
-        let from = shown(self.first_name(page));
+        let name = |p| self.known_first_name(p).map_or("?".to_owned(), shown);
         match page + 1 < self.page_count() {
-            true => format!("from {from} up to {}", shown(self.first_name(page + 1))),
-            false => format!("from {from} on"),
+            true => format!("from {} up to {}", name(page), name(page + 1)),
+            false => format!("from {} on", name(page)),
         }
     }
 
@@ -356,12 +428,13 @@ impl Pages {
         if let Some(found) = self.damaged.lock().get(&page) {
             return Err(self.refusal(page, found));
         }
+        let first = self.first_name(page)?;
         let mut buf = vec![0u8; self.page_len];
         let at = PAGES_AT + page as u64 * self.page_len as u64;
         self.file
             .read_exact_at(&mut buf, at)
             .map_err(|e| Error::io(format!("reading {} page {page}", self.shown), e))?;
-        match self.decode_page(page, &buf) {
+        match self.decode_page(page, &buf, first) {
             Some(names) => Ok(Page { buf, names }),
             None => {
                 let found = "checksum mismatch or undecodable entries".to_owned();
@@ -377,15 +450,8 @@ impl Pages {
         }
     }
 
-    fn decode_page(&self, page: u32, buf: &[u8]) -> Option<Vec<(u16, u8)>> {
-        let checked = {
-            #[cfg(feature = "test-hooks")]
-            {
-                !self.unchecked.load(Ordering::Relaxed)
-            }
-            #[cfg(not(feature = "test-hooks"))]
-            true
-        };
+    fn decode_page(&self, page: u32, buf: &[u8], first: &[u8]) -> Option<Vec<(u16, u8)>> {
+        let checked = self.checked();
         if checked && page_crc(page, &buf[4..]) != u32::from_le_bytes(buf[0..4].try_into().ok()?) {
             return None;
         }
@@ -401,7 +467,7 @@ impl Pages {
             buf.get(at + 1 + len..at + 9 + len)?;
             ordered &= match previous {
                 Some(p) => p < name,
-                None => name == self.first_name(page),
+                None => name == first,
             };
             previous = Some(name);
             names.push(((at + 1) as u16, len as u8));
@@ -412,7 +478,7 @@ impl Pages {
 
     /// The head of partition `name` in the snapshot, if it is there.
     pub fn lookup(&self, name: &[u8]) -> Result<Option<Loc>> {
-        let Some(page) = self.page_for(name) else {
+        let Some(page) = self.page_for(name)? else {
             return Ok(None);
         };
         Ok(self.read_page(page)?.find(name))
@@ -425,8 +491,10 @@ impl Pages {
         names
             .iter()
             .map(|name| {
-                let Some(page) = self.page_for(name) else {
-                    return false;
+                let page = match self.page_for(name) {
+                    Ok(Some(page)) => page,
+                    Ok(None) => return false,
+                    Err(_) => return true,
                 };
                 if cached.as_ref().is_none_or(|(p, _)| *p != page) {
                     cached = Some((page, self.read_page(page)));
@@ -441,13 +509,13 @@ impl Pages {
 
     /// Calls `each` with every entry whose name starts with `prefix`, in name order.
     pub fn for_each_prefixed(&self, prefix: &[u8], mut each: impl FnMut(&[u8], Loc)) -> Result<()> {
-        let mut page = self.page_for(prefix).unwrap_or(0);
+        let mut page = self.page_for(prefix)?.unwrap_or(0);
         while page < self.page_count() {
-            if page > 0
-                && self.first_name(page) > prefix
-                && !self.first_name(page).starts_with(prefix)
-            {
-                break;
+            if page > 0 {
+                let first = self.first_name(page)?;
+                if first > prefix && !first.starts_with(prefix) {
+                    break;
+                }
             }
             for (name, head) in self.read_page(page)?.iter() {
                 if name.starts_with(prefix) {
@@ -467,7 +535,7 @@ impl Pages {
     }
 
     /// Calls `each` with the name of every partition on a page that reads intact; a damaged
-    /// page is skipped (its names are refused already).
+    /// page, or one a damaged index page names, is skipped (its names are refused already).
     pub fn for_each_readable(&self, mut each: impl FnMut(&[u8])) {
         for page in self.pages().flatten() {
             for (name, _) in page.iter() {
@@ -476,18 +544,29 @@ impl Pages {
         }
     }
 
-    /// Whether any page was found damaged.
+    /// Whether any page, data or index, was found damaged.
     pub fn any_damaged(&self) -> bool {
-        !self.damaged.lock().is_empty()
+        !self.damaged.lock().is_empty() || !self.damaged_index.lock().is_empty()
     }
 
     /// What the damaged pages refuse, one line each (the store's damage listing).
     pub fn describe_damage(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        if let Index::Paged(paged) = &self.index {
+            let damaged = self.damaged_index.lock().clone();
+            lines.extend(
+                damaged
+                    .iter()
+                    .map(|(&j, found)| self.index_refusal(paged, j as usize, found).to_string()),
+            );
+        }
         let damaged = self.damaged.lock().clone();
-        damaged
-            .iter()
-            .map(|(&page, found)| self.refusal(page, found).to_string())
-            .collect()
+        lines.extend(
+            damaged
+                .iter()
+                .map(|(&page, found)| self.refusal(page, found).to_string()),
+        );
+        lines
     }
 }
 
