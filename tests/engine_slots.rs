@@ -85,6 +85,57 @@ fn r10_under_a_budget_the_registry_holds_only_the_resident_entities() {
     assert!(engine.stats().passivation.retired >= 2 * 50 - 4);
 }
 
+/// Under a budget, `budget` entities are restored and `Engine::passivate` drops one; answers
+/// the slots in the registry right after, then checks the entity restores again and the budget
+/// still passivates the others (the ring lost none of its resident entries).
+fn slots_after_a_passivation_under_a_budget(unlist_skipped: bool) -> u64 {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store)
+        .max_resident_entities(4)
+        .register_on_first_write(true)
+        .open()
+        .unwrap();
+    engine.set_unlist_skipped_for_test(unlist_skipped);
+    for i in 0..4 {
+        engine.append(&entity(i), recs(&["a"])).unwrap();
+    }
+    assert_eq!(slots(&engine), 4);
+    assert!(engine.passivate(&entity(1)).unwrap());
+    let after = slots(&engine);
+    // Restored again on its next touch, and counted by the budget again: touching more
+    // entities keeps at most 4 resident, the passivated one among those the ring can drop.
+    assert_eq!(payloads(&engine, &entity(1)).unwrap(), recs(&["a"]));
+    assert_eq!(machine.units_of(&entity(1)), 2);
+    for i in 4..12 {
+        engine.append(&entity(i), recs(&["b"])).unwrap();
+        assert!(engine.stats().passivation.resident <= 4, "after entity {i}");
+    }
+    for i in 0..12 {
+        let want = if i < 4 { recs(&["a"]) } else { recs(&["b"]) };
+        assert_eq!(payloads(&engine, &entity(i)).unwrap(), want, "entity {i}");
+        assert!(
+            engine.stats().passivation.resident <= 4,
+            "reading entity {i}"
+        );
+    }
+    after
+}
+
+/// SPEC R10: an entity passivated on request leaves the registry at once, also under a budget
+/// (whose ring of resident entities used to keep a reference to its slot until the ring's next
+/// walk or compaction reached it, so its memory stayed when the application asked to free it).
+#[test]
+fn r10_an_explicit_passivation_under_a_budget_frees_the_slot_at_once() {
+    assert_eq!(slots_after_a_passivation_under_a_budget(false), 3);
+}
+
+/// Negative control: with the ring's entry left in place the slot stays in the registry.
+#[test]
+fn r10_negative_control_a_ring_entry_left_in_place_keeps_the_slot() {
+    assert_eq!(slots_after_a_passivation_under_a_budget(true), 4);
+}
+
 /// Counts restore units of one entity running at the same time (their start is the machine's
 /// hook, their end the `entity_restored` hook): more than one is two restores of one
 /// activation (SPEC R2).

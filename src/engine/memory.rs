@@ -68,6 +68,15 @@ impl<M: StateMachine> Engine<M> {
         self.inner.restorer.set_retire_unguarded(unguarded);
     }
 
+    /// Test-only: an explicit passivation leaves the entity's entry in the budget's ring (as
+    /// before entries were taken out at once), so the slot stays in the registry until a walk
+    /// of the ring reaches it; tests show they catch the slot kept (SPEC R10).
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn set_unlist_skipped_for_test(&self, skipped: bool) {
+        self.inner.restorer.set_unlist_skipped(skipped);
+    }
+
     /// Test-only negative control: releasing a namespace counts its entities without a slot
     /// as repaired without reading their `\0repair` rows, so tests can show they catch an owed
     /// repair dropped before every entity had it (SPEC R3, F11).

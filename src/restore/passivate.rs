@@ -23,7 +23,9 @@
 //!
 //! A passivated entity's slot then leaves the registry if nothing uses it (`retire.rs`), so
 //! memory follows the budget, not the entities ever touched. The ring holds a reference to
-//! each slot it lists, which keeps that slot in the registry until the ring lets it go.
+//! each slot it lists, which keeps that slot in the registry until the ring lets it go: a walk
+//! lets go of the entries it passivates, and an explicit passivation takes its entity's entry
+//! out at once (leaving a hole, swept by the ring's compaction).
 
 use std::collections::VecDeque;
 use std::ops::Deref;
@@ -65,6 +67,8 @@ pub struct PassivationStats {
 /// One slot's residency marks.
 #[derive(Debug, Default)]
 pub(crate) struct SlotLife {
+    /// Its entry's number in the ring while `listed` (changed only under the ring's mutex).
+    ring_seq: AtomicU64,
     /// Calls using the slot right now (between their touch and the end of their closure).
     pins: AtomicUsize,
     /// The registry's touch counter at this entity's last touch.
@@ -97,10 +101,69 @@ impl SlotLife {
     }
 }
 
+/// The ring of resident entities in activation order: entries of `(last touch when queued,
+/// slot)`. An entry taken out of the middle (its entity passivated on request, released or
+/// forgotten) leaves a hole, so the slot's reference goes at once in O(1) and the order of the
+/// rest is kept; holes are skipped at the front and swept by the ring's compaction.
+struct Ring<S> {
+    /// The number of the entry at the front; entry `n` is at index `n - base`.
+    base: u64,
+    entries: VecDeque<Option<(u64, Arc<Slot<S>>)>>,
+}
+
+impl<S> Ring<S> {
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Queues `slot` at the back and marks it listed there.
+    fn push_back(&mut self, stamp: u64, slot: Arc<Slot<S>>) {
+        let seq = self.base + self.entries.len() as u64;
+        slot.life.ring_seq.store(seq, Ordering::Relaxed);
+        slot.life.listed.store(true, Ordering::Release);
+        self.entries.push_back(Some((stamp, slot)));
+    }
+
+    /// The entry at the front, skipping holes; the caller marks it unlisted or queues it again.
+    fn pop_front(&mut self) -> Option<(u64, Arc<Slot<S>>)> {
+        while let Some(entry) = self.entries.pop_front() {
+            self.base += 1;
+            if entry.is_some() {
+                return entry;
+            }
+        }
+        None
+    }
+
+    /// Takes `slot`'s entry out, leaving a hole; `None` if it has none.
+    fn take(&mut self, slot: &Arc<Slot<S>>) -> Option<Arc<Slot<S>>> {
+        if !slot.life.listed.load(Ordering::Acquire) {
+            return None;
+        }
+        let at = slot
+            .life
+            .ring_seq
+            .load(Ordering::Relaxed)
+            .checked_sub(self.base)?;
+        let entry = self.entries.get_mut(usize::try_from(at).ok()?)?;
+        if !entry.as_ref().is_some_and(|(_, s)| Arc::ptr_eq(s, slot)) {
+            return None;
+        }
+        slot.life.listed.store(false, Ordering::Release);
+        entry.take().map(|(_, s)| s)
+    }
+
+    /// Every entry, in order, emptying the ring (holes dropped).
+    fn drain(&mut self) -> Vec<(u64, Arc<Slot<S>>)> {
+        self.base += self.entries.len() as u64;
+        self.entries.drain(..).flatten().collect()
+    }
+}
+
 /// The budget, the ring and the counters of one registry.
 pub(crate) struct Residency<S> {
     budget: Option<usize>,
-    ring: Mutex<VecDeque<(u64, Arc<Slot<S>>)>>,
+    ring: Mutex<Ring<S>>,
     touches: AtomicU64,
     resident: AtomicU64,
     passivations: AtomicU64,
@@ -111,6 +174,9 @@ pub(crate) struct Residency<S> {
     unguarded: AtomicBool,
     /// Test-only negative control: remove pending slots even while they are in use.
     pub(super) retire_unguarded: AtomicBool,
+    /// Test-only: an explicit passivation leaves the slot's ring entry in place (the
+    /// behaviour before such entries were taken out at once).
+    unlist_skipped: AtomicBool,
     /// Test-only negative control: entities without a slot count as repaired, unread.
     pub(super) repairs_assumed: AtomicBool,
 }
@@ -119,7 +185,10 @@ impl<S> Residency<S> {
     pub(crate) fn new(budget: Option<usize>) -> Self {
         Residency {
             budget,
-            ring: Mutex::new(VecDeque::new()),
+            ring: Mutex::new(Ring {
+                base: 0,
+                entries: VecDeque::new(),
+            }),
             touches: AtomicU64::new(0),
             resident: AtomicU64::new(0),
             passivations: AtomicU64::new(0),
@@ -127,6 +196,7 @@ impl<S> Residency<S> {
             retired: AtomicU64::new(0),
             unguarded: AtomicBool::new(false),
             retire_unguarded: AtomicBool::new(false),
+            unlist_skipped: AtomicBool::new(false),
             repairs_assumed: AtomicBool::new(false),
         }
     }
@@ -177,6 +247,9 @@ impl<S> Drop for Pinned<S> {
     }
 }
 
+/// A passivation's outcome: the state taken out, or why the slot kept it.
+type Passivated<S> = std::result::Result<Box<Loaded<S>>, Kept>;
+
 /// Why a slot was not passivated.
 enum Kept {
     /// Not restored (pending, contained, damaged): nothing to drop.
@@ -223,9 +296,9 @@ impl<M: StateMachine> Restorer<M> {
         let mut leaving = Vec::new();
         {
             let mut ring = residency.ring.lock();
-            if !slot.life.listed.swap(true, Ordering::AcqRel) {
+            if !slot.life.listed.load(Ordering::Acquire) {
                 let stamp = slot.life.last_touch.load(Ordering::Relaxed);
-                ring.push_back((stamp, Arc::clone(slot)));
+                ring.push_back(stamp, Arc::clone(slot));
             }
             // Each entry is looked at most twice (a second chance, then a verdict), and busy
             // ones are skipped: bounded work even when nothing can be dropped.
@@ -242,7 +315,7 @@ impl<M: StateMachine> Restorer<M> {
                 }
                 let last = candidate.life.last_touch.load(Ordering::Relaxed);
                 if last > stamp {
-                    ring.push_back((last, candidate));
+                    ring.push_back(last, candidate);
                     continue;
                 }
                 match self.try_passivate(&candidate) {
@@ -255,17 +328,18 @@ impl<M: StateMachine> Restorer<M> {
                         candidate.life.listed.store(false, Ordering::Release);
                         leaving.push(candidate);
                     }
-                    Err(Kept::Busy(_)) => ring.push_back((last, candidate)),
+                    Err(Kept::Busy(_)) => ring.push_back(last, candidate),
                 }
             }
-            // Entries of entities passivated on request (or contained) stay in the ring until
-            // a walk reaches them; once they outnumber the resident ones, one pass drops them
-            // all, keeping the order of the rest (amortised O(1) per activation).
+            // Holes (entries taken out on request) and entries of entities no longer
+            // resident (contained, say) stay in the ring until a walk reaches them; once they
+            // outnumber the resident ones, one pass drops them all, keeping the order of the
+            // rest (amortised O(1) per activation).
             let resident = residency.resident.load(Ordering::Acquire) as usize;
             if ring.len() > 2 * resident + 16 {
-                for (stamp, entry) in std::mem::take(&mut *ring) {
+                for (stamp, entry) in ring.drain() {
                     if entry.life.resident.load(Ordering::Acquire) {
-                        ring.push_back((stamp, entry));
+                        ring.push_back(stamp, entry);
                     } else {
                         entry.life.listed.store(false, Ordering::Release);
                         leaving.push(entry);
@@ -341,7 +415,8 @@ impl<M: StateMachine> Restorer<M> {
         if matches!(*slot.gate.lock(), Phase::Running { .. }) {
             return Err(busy(entity, "it is being restored"));
         }
-        match self.try_passivate(&slot) {
+        // The ring's reference goes now, so the slot can leave the registry below.
+        match self.passivate_and_unlist(&slot) {
             Ok(state) => {
                 // Dropped with no lock held (SPEC R11).
                 drop(state);
@@ -358,6 +433,33 @@ impl<M: StateMachine> Restorer<M> {
             }
             Err(Kept::Busy(why)) => Err(busy(entity, why)),
         }
+    }
+
+    /// [`try_passivate`](Self::try_passivate), then takes the slot's ring entry out unless the
+    /// slot was kept busy (so still resident), so the ring's reference does not keep the slot in
+    /// the registry until a walk or the ring's compaction reaches it: memory is freed when the
+    /// application asks.
+    ///
+    /// Both under the ring's mutex (lock order: ring, state, gate, as a walk takes them): the
+    /// entity was not resident when looked at, and a unit that restores it meanwhile reaches
+    /// the ring only after this and finds it unlisted, so queues it again; a resident entity
+    /// never goes missing from the ring.
+    fn passivate_and_unlist(&self, slot: &Arc<Slot<M::State>>) -> Passivated<M::State> {
+        if self.residency.budget.is_none() {
+            // No budget, no ring: nothing is ever queued.
+            return self.try_passivate(slot);
+        }
+        let mut ring = self.residency.ring.lock();
+        let passivated = self.try_passivate(slot);
+        let unlisted = match passivated {
+            Err(Kept::Busy(_)) => None,
+            _ if self.residency.unlist_skipped.load(Ordering::Relaxed) => None,
+            _ => ring.take(slot),
+        };
+        drop(ring);
+        // The ring's reference goes with no lock held (the caller holds another).
+        drop(unlisted);
+        passivated
     }
 
     /// Makes every restored entity of `ns` pending again, dropping its state: the namespace
@@ -403,6 +505,15 @@ impl<M: StateMachine> Restorer<M> {
             slots: self.slots.read().len() as u64,
             retired: r.retired.load(Ordering::Relaxed),
         }
+    }
+
+    /// Test-only negative control: an explicit passivation leaves the ring's entry (and so the
+    /// slot) in place until a walk reaches it.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_unlist_skipped(&self, skipped: bool) {
+        self.residency
+            .unlist_skipped
+            .store(skipped, Ordering::Relaxed);
     }
 
     /// Test-only negative control: passivate entities in any phase (contained ones too).

@@ -241,11 +241,30 @@ impl<M: StateMachine> Restorer<M> {
         if !self.store.contains_partition(&entity.partition())? {
             return Err(Error::UnknownEntity(entity.to_string()));
         }
+        Ok(self.listed_slot(entity))
+    }
+
+    /// The slot of an entity known to be registered: one listed by its partition's name
+    /// (entity partitions are never removed, so it still is). Like [`slot`](Self::slot)
+    /// without asking the store whether the partition exists, which costs a lookup in the
+    /// store's table of partitions per entity (a heads-snapshot page on `FileStore`).
+    pub(crate) fn listed_slot(&self, entity: &EntityId) -> Arc<Slot<M::State>> {
+        if let Some(slot) = self.slots.read().get(entity) {
+            return Arc::clone(slot);
+        }
         let mut slots = self.slots.write();
         let slot = slots
             .entry(entity.clone())
             .or_insert_with(|| Arc::new(Self::pending_slot(entity.clone())));
-        Ok(Arc::clone(slot))
+        Arc::clone(slot)
+    }
+
+    /// [`touch`](Self::touch) of an entity known to be registered (see
+    /// [`listed_slot`](Self::listed_slot)): the warm's touch.
+    pub(crate) fn touch_listed(&self, entity: &EntityId) -> Result<()> {
+        self.check_reentry(entity)?;
+        let slot = self.listed_slot(entity);
+        self.ensure(&slot)
     }
 
     /// Touches an entity (SPEC R2): restores it now if it is pending, waits if another thread

@@ -169,9 +169,13 @@ pub(crate) fn run<M: StateMachine>(
     since_checkpoint += report.deferred - deferred;
     head = unit.repair(&mut state, head, &mut report)?;
     // Work the repair left pending (deferred to this entity from inside the unit) is drained
-    // before the entity is served.
+    // before the entity is served. Only application code running on this thread can defer to
+    // the entity while its unit runs (other threads wait on the gate), and since the drain
+    // above only a repair has run any: without one there is nothing new to scan for.
     let deferred = report.deferred;
-    head = unit.drain_deferred(&mut state, head, &mut report)?;
+    if report.repairs_run > 0 {
+        head = unit.drain_deferred(&mut state, head, &mut report)?;
+    }
     since_checkpoint += report.repaired + report.deferred - deferred;
     // A repair that changed state owes a checkpoint, as does a long tail since the last one.
     if report.repaired > 0 || since_checkpoint > config.checkpoint_tail_bound {
@@ -250,12 +254,14 @@ impl<M: StateMachine> Unit<'_, M> {
         record: &[u8],
     ) -> Result<(), Containment> {
         let ctx = ApplyContext::new(self.entity, seq, origin);
-        app(&format!("apply of record {seq}"), || {
-            self.machine.apply(state, &ctx, record)
-        })?
-        .map_err(|r: Rejection| {
-            Containment::new(ReasonKind::ApplyRefusal, format!("record {seq}: {r}"))
-        })
+        // The step's name is built only on a panic: this runs once per replayed record.
+        catch_unwind(AssertUnwindSafe(|| self.machine.apply(state, &ctx, record)))
+            .map_err(|payload| {
+                Containment::from_panic(&format!("apply of record {seq}"), &*payload)
+            })?
+            .map_err(|r: Rejection| {
+                Containment::new(ReasonKind::ApplyRefusal, format!("record {seq}: {r}"))
+            })
     }
 
     /// Moves deferred rows into the log, a page per batch, then folds them (SPEC R8). Each batch

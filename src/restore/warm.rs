@@ -341,7 +341,7 @@ fn work<M: StateMachine>(
     while !shared.stop.load(Ordering::Acquire) {
         let i = next.fetch_add(1, Ordering::AcqRel);
         let Some(entity) = ids.get(i) else { return };
-        let outcome = catch_unwind(AssertUnwindSafe(|| restorer.touch(entity).map(|_| ())));
+        let outcome = catch_unwind(AssertUnwindSafe(|| restorer.touch_listed(entity)));
         let refused = match outcome {
             Ok(Ok(())) => false,
             Ok(Err(Error::Unavailable { .. })) if shared.stop.load(Ordering::Acquire) => return,
