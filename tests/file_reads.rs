@@ -131,6 +131,37 @@ fn the_first_read_after_a_load_takes_values_from_the_records_the_load_read() {
     );
 }
 
+/// A history appended in one batch of 16 values of 4 KiB (a record of about 64 KiB, more than
+/// the chain walk's first small read of it): the first page after open takes every value from
+/// the record its load has just read, with no read of its own.
+#[test]
+fn a_history_written_in_one_large_batch_is_read_from_the_record_its_load_read() {
+    let fs = FaultFs::new();
+    let p = Partition::new("entity/big").unwrap();
+    let big = |i: u64| vec![i as u8; 4096];
+    {
+        let store = open(&fs);
+        let mut batch = Batch::new();
+        for i in 0..16 {
+            batch = batch.put(key(i), big(i));
+        }
+        assert!(store.apply(&p, &batch).unwrap().is_committed());
+        store.close().unwrap();
+    }
+    let load = reads_of(&fs, |store| {
+        assert_eq!(store.get(&p, b"absent").unwrap(), None);
+    });
+    let first_page = reads_of(&fs, |store| {
+        let page = store.scan(&p, &KeyRange::all(), None, 100).unwrap();
+        let want: Vec<_> = (0..16).map(|i| (key(i), big(i))).collect();
+        assert_eq!(page.entries, want);
+    });
+    assert_eq!(
+        first_page, load,
+        "the values of the record the load read were read again"
+    );
+}
+
 /// Flips a byte of the value of row `i` (a row older than the base, so loads do not read its
 /// record and only the value read sees the damage).
 fn damage_value(fs: &FaultFs, i: u64) -> u32 {

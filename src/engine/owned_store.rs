@@ -95,6 +95,18 @@ impl Store for OwnedStore {
         self.raw.scan(p, range, cursor, limit)
     }
 
+    #[allow(clippy::type_complexity)]
+    fn scan_visit(
+        &self,
+        p: &Partition,
+        range: &KeyRange,
+        cursor: Option<&Cursor>,
+        limit: usize,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<Option<Cursor>> {
+        self.raw.scan_visit(p, range, cursor, limit, visit)
+    }
+
     fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {
         match EntityId::from_partition(p) {
             Some(entity) => self.apply_to_entity(&entity, p, batch),

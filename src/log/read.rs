@@ -33,40 +33,45 @@ pub struct LogPage {
 /// the page starts at the first retained record at or after `from_seq`. A malformed row, or a
 /// gap inside the page, is reported as [`Error::Corrupt`].
 pub fn read_log(store: &dyn Store, p: &Partition, from_seq: u64, limit: usize) -> Result<LogPage> {
-    let page = store.scan(p, &keys::records_from(from_seq.max(1)), None, limit)?;
-    let mut records = Vec::with_capacity(page.entries.len());
-    for (key, value) in page.entries {
-        let record = parse_row(p, &key, value)?;
-        if let Some(previous) = records.last().map(|r: &LogRecord| r.seq)
-            && record.seq != previous + 1
-        {
-            return Err(corrupt(
-                p,
-                format!("log record {} follows record {previous}", record.seq),
-            ));
-        }
-        records.push(record);
-    }
-    let next_seq = match (&page.next, records.last()) {
+    let mut records: Vec<LogRecord> = Vec::with_capacity(limit.min(REPLAY_PAGE));
+    // Rows are lent by the store; only each payload is copied out (SPEC L2).
+    let next = store.scan_visit(
+        p,
+        &keys::records_from(from_seq.max(1)),
+        None,
+        limit,
+        &mut |key, value| {
+            let (seq, digest, payload) = parse_row(p, key, value)?;
+            if let Some(previous) = records.last().map(|r| r.seq)
+                && seq != previous + 1
+            {
+                return Err(corrupt(
+                    p,
+                    format!("log record {seq} follows record {previous}"),
+                ));
+            }
+            records.push(LogRecord {
+                seq,
+                digest,
+                payload: payload.to_vec(),
+            });
+            Ok(())
+        },
+    )?;
+    let next_seq = match (&next, records.last()) {
         (Some(_), Some(last)) => Some(last.seq + 1),
         _ => None,
     };
     Ok(LogPage { records, next_seq })
 }
 
-/// Parses one record row, keeping the row's own bytes as the payload (its header is cut off in
-/// place), so reading a record allocates nothing beyond what the store returned.
-fn parse_row(p: &Partition, key: &[u8], mut value: Vec<u8>) -> Result<LogRecord> {
+/// Parses one record row into its sequence number, its digest and its payload (borrowed from
+/// the row).
+fn parse_row<'v>(p: &Partition, key: &[u8], value: &'v [u8]) -> Result<(u64, u64, &'v [u8])> {
     let seq = keys::record_seq(key)
         .ok_or_else(|| corrupt(p, format!("malformed log key {}", key.escape_ascii())))?;
-    let (digest, payload) = decode_record(p, seq, &value)?;
-    let header = value.len() - payload.len();
-    value.drain(..header);
-    Ok(LogRecord {
-        seq,
-        digest,
-        payload: value,
-    })
+    let (digest, payload) = decode_record(p, seq, value)?;
+    Ok((seq, digest, payload))
 }
 
 /// Replays the records after `(after_seq, after_digest)` up to the head, in order, checking the
@@ -146,32 +151,47 @@ fn walk<E: From<Error>>(
     let mut cursor: Option<Cursor> = None;
     let mut expected = after_seq + 1;
     let mut digest = after_digest;
+    // One record handed to `visit` for every row, its payload buffer reused.
+    let mut record = LogRecord {
+        seq: 0,
+        digest: 0,
+        payload: Vec::new(),
+    };
+    // `visit`'s own error, carried out of the store's page.
+    let mut stopped: Option<E> = None;
     loop {
-        let page = store.scan(p, &range, cursor.as_ref(), REPLAY_PAGE)?;
-        for (key, value) in page.entries {
-            let record = parse_row(p, &key, value)?;
-            if record.seq != expected {
+        let next = store.scan_visit(p, &range, cursor.as_ref(), REPLAY_PAGE, &mut |key, value| {
+            let (seq, stored, payload) = parse_row(p, key, value)?;
+            if seq != expected {
                 return Err(corrupt(
                     p,
-                    format!("log record {expected} is missing (found {})", record.seq),
-                )
-                .into());
+                    format!("log record {expected} is missing (found {seq})"),
+                ));
             }
-            digest = chain_digest(digest, record.seq, &record.payload);
-            if record.digest != digest {
+            digest = chain_digest(digest, seq, payload);
+            if stored != digest {
                 return Err(corrupt(
                     p,
                     format!(
-                        "log record {} has digest {:016x}, its history gives {digest:016x}",
-                        record.seq, record.digest
+                        "log record {seq} has digest {stored:016x}, its history gives {digest:016x}"
                     ),
-                )
-                .into());
+                ));
             }
-            visit(&record)?;
+            record.seq = seq;
+            record.digest = stored;
+            record.payload.clear();
+            record.payload.extend_from_slice(payload);
+            if let Err(e) = visit(&record) {
+                stopped = Some(e);
+                return Err(Error::invalid("replay stopped by its visitor"));
+            }
             expected += 1;
+            Ok(())
+        });
+        if let Some(e) = stopped.take() {
+            return Err(e);
         }
-        match page.next {
+        match next? {
             Some(next) => cursor = Some(next),
             None => break,
         }

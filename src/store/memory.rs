@@ -193,6 +193,55 @@ impl Store for MemoryStore {
         Ok(ScanPage { entries, next })
     }
 
+    /// Copies the page into one buffer under the lock, then lends its entries with the lock
+    /// released (so `visit` may call the store): a few allocations per page, none per entry.
+    #[allow(clippy::type_complexity)]
+    fn scan_visit(
+        &self,
+        p: &Partition,
+        range: &KeyRange,
+        cursor: Option<&Cursor>,
+        limit: usize,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<Option<Cursor>> {
+        self.check_open()?;
+        check_limit(limit)?;
+        let range = match cursor {
+            Some(c) => range.after(&c.0),
+            None => range.clone(),
+        };
+        let Some(rows) = self.rows(p) else {
+            return Ok(None);
+        };
+        if range.is_empty() {
+            return Ok(None);
+        }
+        // Keys and values end to end; each entry's key end and value end.
+        let (mut bytes, mut ends) = (Vec::new(), Vec::new());
+        let more = {
+            let rows = rows.lock();
+            let mut iter = rows.range::<[u8], _>(range.as_bounds());
+            for (k, v) in iter.by_ref().take(limit) {
+                bytes.extend_from_slice(k);
+                let key_end = bytes.len();
+                bytes.extend_from_slice(v);
+                ends.push((key_end, bytes.len()));
+            }
+            iter.next().is_some()
+        };
+        let mut start = 0;
+        let mut last_key = 0..0;
+        for &(key_end, end) in &ends {
+            visit(&bytes[start..key_end], &bytes[key_end..end])?;
+            last_key = start..key_end;
+            start = end;
+        }
+        Ok(match more && !ends.is_empty() {
+            true => Some(Cursor(bytes[last_key].to_vec())),
+            false => None,
+        })
+    }
+
     fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {
         self.check_open()?;
         batch.validate_within(&self.limits)?;

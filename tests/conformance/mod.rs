@@ -104,6 +104,7 @@ macro_rules! conformance_suite {
             scan_limit_zero_is_refused,
             scan_resumes_from_persisted_cursor_and_sees_writes_between_pages,
             scan_pages_are_consistent_under_concurrent_batches,
+            scan_visit_lends_the_pages_scan_returns,
             precondition_equals,
             precondition_absent,
             precondition_present,
@@ -521,6 +522,74 @@ pub fn scan_pages_hold_at_most_limit_and_resume_strictly_after(open: Open) {
     // A missing partition scans empty.
     let empty = s.scan(&part("nothing"), &KeyRange::all(), None, 3).unwrap();
     assert!(empty.entries.is_empty() && empty.next.is_none());
+}
+
+/// S1: `scan_visit` lends exactly the entries and cursors `scan` returns, for every range
+/// and limit; a visitor may call the store; a visitor's error stops the page and comes back
+/// as is.
+pub fn scan_visit_lends_the_pages_scan_returns(open: Open) {
+    let f = fresh(open);
+    let s = &*f.store;
+    let p = part("lent");
+    let rows = numbered(10);
+    put_all(s, &p, &rows);
+    let (lo, hi) = (rows[2].0.clone(), rows[7].0.clone());
+    let mut ranges = every_bound_kind(&lo, &hi);
+    ranges.push(KeyRange::all());
+    ranges.push(KeyRange::prefix(&rows[3].0));
+    ranges.push(KeyRange {
+        start: Bound::Included(hi.clone()),
+        end: Bound::Excluded(lo.clone()),
+    });
+    for range in &ranges {
+        for limit in [1, 3, 10, 11] {
+            let mut cursor: Option<Cursor> = None;
+            for _ in 0..=rows.len() {
+                let page = s.scan(&p, range, cursor.as_ref(), limit).unwrap();
+                let mut lent: Rows = Vec::new();
+                let next = s
+                    .scan_visit(&p, range, cursor.as_ref(), limit, &mut |k, v| {
+                        lent.push((k.to_vec(), v.to_vec()));
+                        Ok(())
+                    })
+                    .unwrap();
+                assert_eq!(lent, page.entries, "{range:?} limit {limit}");
+                assert_eq!(next, page.next, "{range:?} limit {limit}");
+                match next {
+                    Some(c) => cursor = Some(c),
+                    None => break,
+                }
+            }
+        }
+    }
+    // A missing partition lends nothing; a zero limit is refused like `scan`'s.
+    let mut visits = 0;
+    let next = s
+        .scan_visit(&part("nothing"), &KeyRange::all(), None, 3, &mut |_, _| {
+            visits += 1;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!((visits, next), (0, None));
+    assert_invalid(
+        s.scan_visit(&p, &KeyRange::all(), None, 0, &mut |_, _| Ok(())),
+        "scan_visit with limit 0",
+    );
+    // The visitor may read the store, and its error stops the page.
+    let mut seen = 0;
+    let stopped = s.scan_visit(&p, &KeyRange::all(), None, 10, &mut |k, v| {
+        assert_eq!(s.get(&p, k).unwrap().as_deref(), Some(v));
+        seen += 1;
+        match seen {
+            3 => Err(Error::InvalidArgument("stop here".into())),
+            _ => Ok(()),
+        }
+    });
+    match stopped {
+        Err(Error::InvalidArgument(m)) if m == "stop here" => {}
+        other => panic!("expected the visitor's error, got {other:?}"),
+    }
+    assert_eq!(seen, 3, "no entry is lent after the visitor's error");
 }
 
 /// S1: when the last page is exactly full the scan still answers `None` (no empty extra page).
@@ -2288,6 +2357,11 @@ pub fn closed_store_answers_closed(open: Open) {
     closed(s.get(&p, b"a").map(drop), "get");
     closed(s.get_many(&p, &[b"a"]).map(drop), "get_many");
     closed(s.scan(&p, &KeyRange::all(), None, 10).map(drop), "scan");
+    closed(
+        s.scan_visit(&p, &KeyRange::all(), None, 10, &mut |_, _| Ok(()))
+            .map(drop),
+        "scan_visit",
+    );
     closed(
         s.apply(&p, &Batch::new().put(b("b"), b("2"))).map(drop),
         "apply",

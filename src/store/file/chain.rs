@@ -9,17 +9,21 @@
 //! record before them, whose state they would have restated. Calls only the journal.
 //!
 //! A load holds the keys and value locations of the chain, never its values: records longer
-//! than one small read are read again, one at a time, when they are applied.
+//! than one small read are read in full, one at a time, when they are applied (the rest after
+//! the start the walk read, while the kept starts stay within [`RECENT_BYTES`]). The verified
+//! bodies of the batch records it reads go to the store's cache of recent records, up to its
+//! bound, so the reads that follow take their values from there (see [`super::values`]).
 
 use std::sync::atomic::Ordering;
 
+use super::format::Frame;
 use super::format::{
     self, Content, FRAME_LEN, Loc, RecordKind, ValueLoc, decode_base_part_head, decode_body_head,
     loc_offset, loc_segment,
 };
 use super::journal::{Journal, RecordStart};
 use super::partition::{self, CommitState, Index, IndexOp, PartState};
-use super::values::{RECENT_BYTES, RecentRecords};
+use super::values::{RECENT_BODY_MAX, RECENT_BYTES, RecentRecords};
 use crate::error::{Error, Result};
 
 /// Bytes of index entries per base record. A partition whose index is larger gets a base run
@@ -89,8 +93,9 @@ enum Effect {
 enum Link {
     /// A small record, decoded during the walk.
     Decoded(Effect),
-    /// A larger record, read again (whole, verified) when it is applied.
-    Reread(Loc),
+    /// A larger record, read (whole, verified) when it is applied: the rest of it after the
+    /// start the walk read and kept, or all of it again.
+    Reread(Loc, Option<(Frame, Vec<u8>)>),
 }
 
 /// Builds a partition's index by walking its chain back from `head` to its newest complete base
@@ -116,8 +121,11 @@ pub fn load_index(
     // While inside a complete base run: the part expected next (walking back) and the run size.
     let mut run: Option<(u32, u32)> = None;
     let mut at = head;
-    // Bodies of the small batch records read, for the reads that follow the load.
+    // Bodies of the batch records read, for the reads that follow the load.
     let (mut warm, mut warm_bytes) = (Vec::new(), 0usize);
+    // Bytes of the starts of larger records kept for the forward pass (bounded: past it they
+    // are read again).
+    let mut kept_starts = 0usize;
     loop {
         if at == 0 {
             if run.is_some() {
@@ -146,9 +154,13 @@ pub fn load_index(
         if frame.kind != RecordKind::Base && prev >= at {
             return Err(corrupt(at, "a chain link points forwards"));
         }
-        let link = move |bytes: &[u8]| -> Result<Link> {
+        let mut link = |bytes: &[u8]| -> Result<Link> {
             if !whole {
-                return Ok(Link::Reread(at));
+                let keep = kept_starts + bytes.len() <= RECENT_BYTES;
+                if keep {
+                    kept_starts += bytes.len();
+                }
+                return Ok(Link::Reread(at, keep.then(|| (frame, bytes.to_vec()))));
             }
             Ok(Link::Decoded(effect(state, at, frame.kind, bytes)?))
         };
@@ -205,22 +217,32 @@ pub fn load_index(
         }
     }
 
-    // Reads look in the cache only if this load put bodies there (a chain that is one base,
-    // as compaction leaves it, puts none).
-    state.warm.store(!warm.is_empty(), Ordering::Relaxed);
-    recent.insert_many(warm);
     let mut index = Index::new();
     for link in links.into_iter().rev() {
         let effect = match link {
             Link::Decoded(effect) => effect,
-            Link::Reread(at) => {
-                let (frame, body) = journal.read_record(at).map_err(|e| match e {
+            Link::Reread(at, start) => {
+                let read = match start {
+                    Some((frame, start)) => journal.finish_record(at, frame, start),
+                    None => journal.read_record(at),
+                };
+                let (frame, body) = read.map_err(|e| match e {
                     Error::Corrupt { detail, what } => {
                         state.corrupt_error(&format!("{what}: {detail}"))
                     }
                     other => other,
                 })?;
-                effect(state, at, frame.kind, &body)?
+                let effect = effect(state, at, frame.kind, &body)?;
+                // Its values are read next: keep the verified body too, so they are not read
+                // from the file a second time (moved, not copied).
+                if frame.kind == RecordKind::Batch
+                    && body.len() <= RECENT_BODY_MAX
+                    && warm_bytes + body.len() <= RECENT_BYTES
+                {
+                    warm_bytes += body.len();
+                    warm.push((at + FRAME_LEN as u64, body.into_boxed_slice()));
+                }
+                effect
             }
         };
         match effect {
@@ -240,6 +262,10 @@ pub fn load_index(
             }
         }
     }
+    // Reads look in the cache only if this load put bodies there (a chain that is one base,
+    // as compaction leaves it, puts none).
+    state.warm.store(!warm.is_empty(), Ordering::Relaxed);
+    recent.insert_many(warm);
     Ok((index, chain_len))
 }
 

@@ -716,20 +716,30 @@ impl Journal {
     pub fn read_record(&self, at: Loc) -> Result<(Frame, Vec<u8>)> {
         match self.read_record_start(at)? {
             RecordStart::Whole(frame, body) => Ok((frame, body)),
-            RecordStart::Partial(frame, mut body) => {
-                let segment = self.segment(loc_segment(at))?;
-                let got = body.len();
-                body.resize(frame.body_len as usize, 0);
-                segment
-                    .file
-                    .read_exact_at(&mut body[got..], loc_offset(at) + (FRAME_LEN + got) as u64)
-                    .map_err(|e| record_read_error(at, e, "the segment ends inside the record"))?;
-                if format::body_crc(&body) != frame.body_crc {
-                    return Err(record_damage(at, "record body failed its checksum"));
-                }
-                Ok((frame, body))
-            }
+            RecordStart::Partial(frame, start) => self.finish_record(at, frame, start),
         }
+    }
+
+    /// Reads the rest of the record at `at` whose frame and body start
+    /// [`Journal::read_record_start`] answered `Partial`, and verifies the whole body; returns
+    /// the frame and body like [`Journal::read_record`], without reading the start again.
+    pub fn finish_record(
+        &self,
+        at: Loc,
+        frame: Frame,
+        mut body: Vec<u8>,
+    ) -> Result<(Frame, Vec<u8>)> {
+        let segment = self.segment(loc_segment(at))?;
+        let got = body.len();
+        body.resize(frame.body_len as usize, 0);
+        segment
+            .file
+            .read_exact_at(&mut body[got..], loc_offset(at) + (FRAME_LEN + got) as u64)
+            .map_err(|e| record_read_error(at, e, "the segment ends inside the record"))?;
+        if format::body_crc(&body) != frame.body_crc {
+            return Err(record_damage(at, "record body failed its checksum"));
+        }
+        Ok((frame, body))
     }
 
     /// Reads the record at `at` with one read of a few KiB: the whole record, verified, when it

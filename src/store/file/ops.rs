@@ -78,32 +78,47 @@ impl Store for FileStore {
             Some(c) => range.after(&c.0),
             None => range.clone(),
         };
-        let Some(state) = inner.readable(p)? else {
+        let Some(page) = inner.read_page(p, &range, limit)? else {
             return Ok(ScanPage::default());
         };
-        if range.is_empty() {
-            return Ok(ScanPage::default());
+        let entries = (0..page.len())
+            .map(|i| {
+                let (k, v) = page.entry(i);
+                (k.to_vec(), v.to_vec())
+            })
+            .collect();
+        Ok(ScanPage {
+            entries,
+            next: page.next(),
+        })
+    }
+
+    /// Lends each entry from one buffer per page (see `read::PageBuf`): no allocation per
+    /// entry, and each value is checksummed once, when it is read.
+    #[allow(clippy::type_complexity)]
+    fn scan_visit(
+        &self,
+        p: &Partition,
+        range: &KeyRange,
+        cursor: Option<&Cursor>,
+        limit: usize,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<()>,
+    ) -> Result<Option<Cursor>> {
+        let inner = &self.inner;
+        inner.check_open()?;
+        check_limit(limit)?;
+        let range = match cursor {
+            Some(c) => range.after(&c.0),
+            None => range.clone(),
+        };
+        let Some(page) = inner.read_page(p, &range, limit)? else {
+            return Ok(None);
+        };
+        for i in 0..page.len() {
+            let (k, v) = page.entry(i);
+            visit(k, v)?;
         }
-        let _pin = inner.journal.pin();
-        let (found, more) = {
-            let view = state.view.read();
-            let mut iter = view.index.range::<[u8], _>(range.as_bounds());
-            let found: Vec<(Vec<u8>, ValueLoc)> = iter
-                .by_ref()
-                .take(limit)
-                .map(|(k, v)| (k.to_vec(), *v))
-                .collect();
-            (found, iter.next().is_some())
-        };
-        let locs: Vec<ValueLoc> = found.iter().map(|(_, v)| *v).collect();
-        let values = inner.read_values(&state, &locs)?;
-        let entries: Vec<(Vec<u8>, Vec<u8>)> =
-            found.into_iter().map(|(k, _)| k).zip(values).collect();
-        let next = match (more, entries.last()) {
-            (true, Some((last, _))) => Some(Cursor(last.clone())),
-            _ => None,
-        };
-        Ok(ScanPage { entries, next })
+        Ok(page.next())
     }
 
     fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {

@@ -1,5 +1,6 @@
 //! The read path of [`Inner`]: loading a partition's index on first use, catching up with
-//! batches already decided, and reading values one at a time or merged.
+//! batches already decided, and reading values one at a time, merged, or a scan page at a time
+//! into shared buffers ([`PageBuf`]).
 //!
 //! May call: the chain, journal, values and partition modules; records refusals in the
 //! store's damage.
@@ -13,6 +14,39 @@ use super::format::{self, ValueLoc};
 use super::partition::{self, CommitState, Load, Lookup, PartState};
 use super::{Inner, Partition, chain, values};
 use crate::error::{Error, Result};
+use crate::store::{Cursor, KeyRange};
+
+/// One page of a scan read by [`Inner::read_page`]: keys end to end in one buffer, values in
+/// another or lent from the cache of recent records, each value checksummed once per read.
+#[derive(Default)]
+pub(super) struct PageBuf {
+    keys: Vec<u8>,
+    key_ends: Vec<usize>,
+    locs: Vec<ValueLoc>,
+    values: values::ReadValues,
+    /// Whether entries of the range follow the page.
+    more: bool,
+}
+
+impl PageBuf {
+    pub fn len(&self) -> usize {
+        self.locs.len()
+    }
+
+    /// Entry `i`: its key and value, lent from the page's buffers.
+    pub fn entry(&self, i: usize) -> (&[u8], &[u8]) {
+        let key_start = if i == 0 { 0 } else { self.key_ends[i - 1] };
+        (&self.keys[key_start..self.key_ends[i]], self.values.get(i))
+    }
+
+    /// Where the next page starts: after this page's last key, if entries follow it.
+    pub fn next(&self) -> Option<Cursor> {
+        match (self.more, self.len()) {
+            (true, n) if n > 0 => Some(Cursor(self.entry(n - 1).0.to_vec())),
+            _ => None,
+        }
+    }
+}
 
 impl Inner {
     fn ensure_loaded(&self, state: &PartState) -> Result<()> {
@@ -166,18 +200,57 @@ impl Inner {
 
     /// Reads many values with as few reads as possible (see [`values`]); answers in order.
     pub(super) fn read_values(&self, state: &PartState, locs: &[ValueLoc]) -> Result<Vec<Vec<u8>>> {
+        let values = self.read_values_lent(state, locs)?;
+        Ok((0..values.len()).map(|i| values.get(i).to_vec()).collect())
+    }
+
+    /// Reads many values without a buffer per value (see [`values::read_into`]).
+    fn read_values_lent(&self, state: &PartState, locs: &[ValueLoc]) -> Result<values::ReadValues> {
         let check = self.value_checks();
         let recent = state.warm.load(Ordering::Relaxed).then_some(&self.recent);
         let (values, from_recent) =
-            values::read_many(&self.journal, recent, locs, &state.name, check)?;
+            values::read_into(&self.journal, recent, locs, &state.name, check)?;
         if recent.is_some() && from_recent == 0 && !locs.is_empty() {
             state.warm.store(false, Ordering::Relaxed);
         }
         Ok(values)
     }
 
-    /// Whether values read through a merged read or the recent records are checked (always,
-    /// unless a test turned it off).
+    /// Reads one page of a scan of `range` (already moved past the cursor): at most `limit`
+    /// entries, in key order, into one [`PageBuf`], so a page costs a few buffers, not one per
+    /// key and one per value. `None` if the partition has never been written.
+    pub(super) fn read_page(
+        &self,
+        p: &Partition,
+        range: &KeyRange,
+        limit: usize,
+    ) -> Result<Option<PageBuf>> {
+        let Some(state) = self.readable(p)? else {
+            return Ok(None);
+        };
+        let mut page = PageBuf::default();
+        if range.is_empty() {
+            return Ok(Some(page));
+        }
+        // Pinned from taking the locations until the values are read (see `Journal::pin`);
+        // released before the caller sees an entry, so its code never runs pinned.
+        let _pin = self.journal.pin();
+        {
+            let view = state.view.read();
+            let mut iter = view.index.range::<[u8], _>(range.as_bounds());
+            for (k, v) in iter.by_ref().take(limit) {
+                page.keys.extend_from_slice(k);
+                page.key_ends.push(page.keys.len());
+                page.locs.push(*v);
+            }
+            page.more = iter.next().is_some();
+        }
+        page.values = self.read_values_lent(&state, &page.locs)?;
+        Ok(Some(page))
+    }
+
+    /// Whether values read through a merged read or taken one by one from the recent records
+    /// are checked (always, unless a test turned it off).
     fn value_checks(&self) -> bool {
         #[cfg(feature = "fault-injection")]
         if self.config.skip_value_checks {

@@ -5,7 +5,8 @@
 //! whole during a chain walk, so the first reads after a load take their values from the bytes
 //! the load has just read instead of reading them again.
 //!
-//! Merging: the locations are sorted; values in one segment that lie at most [`MERGE_GAP`]
+//! Merging: every value of a request is read into one buffer (no buffer per value); the
+//! locations are sorted; values in one segment that lie at most [`MERGE_GAP`]
 //! bytes apart are read with one read spanning at most [`MERGE_SPAN`] bytes, and each value is
 //! cut out of it. Every value still passes its own checksum, and damage still answers `Corrupt`
 //! naming the partition, the segment and the value's offset: a merged read that fails is retried
@@ -13,10 +14,13 @@
 //!
 //! The cache holds only bodies whose checksum passed when they were read, keyed by location.
 //! A location's bytes never change while its segment exists (the journal's tail only moves
-//! forwards and segment numbers are never reused), so a cached body is never stale; a value
-//! taken from it is checked against its own checksum like any other.
+//! forwards and segment numbers are never reused), so a cached body is never stale. A page lends
+//! a value straight from the cached body ([`ReadValues`]), without a copy and without a second
+//! checksum (those bytes passed their record's when read); a single value taken from it
+//! ([`RecentRecords::value`]) is checked against its own checksum like any other.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 use parking_lot::RwLock;
 
@@ -28,13 +32,18 @@ use crate::error::{Error, Result};
 pub const MERGE_GAP: u64 = 4 << 10;
 /// Most bytes one merged read covers.
 pub const MERGE_SPAN: u64 = 256 << 10;
-/// Bytes of record bodies the cache of recent records holds at most.
-pub const RECENT_BYTES: usize = 64 << 10;
-/// Largest record body the cache takes (a chain walk reads records up to this size whole).
-pub const RECENT_BODY_MAX: usize = 4 << 10;
+/// Bytes the cache of recent records holds at most, bodies and bookkeeping: a load's worth of
+/// a chain of a few dozen records of a few KiB, or one batch of 16 values of 4 KiB, so the
+/// reads that follow a load find their values there.
+pub const RECENT_BYTES: usize = 128 << 10;
+/// Largest record body the cache takes.
+pub const RECENT_BODY_MAX: usize = RECENT_BYTES / 4 * 3;
+/// Bytes counted for each cached body besides its own: its place in the map and the
+/// eviction order, and the shared handle pages lend it through.
+const ENTRY_COST: usize = 64;
 
 /// Record bodies read recently by chain walks, oldest dropped first; at most
-/// [`RECENT_BYTES`] of bodies.
+/// [`RECENT_BYTES`], bodies and bookkeeping.
 #[derive(Default)]
 pub struct RecentRecords {
     inner: RwLock<Recent>,
@@ -42,8 +51,8 @@ pub struct RecentRecords {
 
 #[derive(Default)]
 struct Recent {
-    /// Body start to body bytes.
-    bodies: BTreeMap<Loc, Box<[u8]>>,
+    /// Body start to body bytes (shared with the pages that lend values out of them).
+    bodies: BTreeMap<Loc, Arc<Box<[u8]>>>,
     /// Insertion order, for eviction.
     order: VecDeque<Loc>,
     bytes: usize,
@@ -69,16 +78,17 @@ impl RecentRecords {
             if recent.bodies.contains_key(&body_at) {
                 continue;
             }
-            while recent.bytes + body.len() > RECENT_BYTES {
+            let cost = body.len() + ENTRY_COST;
+            while recent.bytes + cost > RECENT_BYTES {
                 let Some(oldest) = recent.order.pop_front() else {
                     break;
                 };
                 if let Some(dropped) = recent.bodies.remove(&oldest) {
-                    recent.bytes -= dropped.len();
+                    recent.bytes -= dropped.len() + ENTRY_COST;
                 }
             }
-            recent.bytes += body.len();
-            recent.bodies.insert(body_at, body);
+            recent.bytes += cost;
+            recent.bodies.insert(body_at, Arc::new(body));
             recent.order.push_back(body_at);
         }
     }
@@ -86,12 +96,8 @@ impl RecentRecords {
     /// The value at `v` if a remembered body holds all of it and it passes its checksum.
     pub fn value(&self, v: &ValueLoc, check: bool) -> Option<Vec<u8>> {
         let recent = self.inner.read();
-        let (&start, body) = recent.bodies.range(..=v.at).next_back()?;
-        if loc_segment(start) != loc_segment(v.at) {
-            return None;
-        }
-        let from = (v.at - start) as usize;
-        let bytes = body.get(from..from.checked_add(v.len as usize)?)?;
+        let (body, from) = recent.find(v)?;
+        let bytes = &body[from..from + v.len as usize];
         if check && crc32c::crc32c(bytes) != v.crc {
             // Read it from disk instead, where damage is reported as such.
             return None;
@@ -106,23 +112,110 @@ impl RecentRecords {
     }
 }
 
-/// Reads the values at `locs` (in any order, answers in the same order), taking those the
-/// cache holds from it (when given) and merging the reads of the others; also returns how many
-/// came from the cache. `check: false` skips the checksum of values cut out of a merged read or
-/// the cache (a test's negative control only).
-pub fn read_many(
+impl Recent {
+    /// The remembered body that holds all of the value at `v`, and where the value starts in it.
+    fn find(&self, v: &ValueLoc) -> Option<(&Arc<Box<[u8]>>, usize)> {
+        let (&start, body) = self.bodies.range(..=v.at).next_back()?;
+        if loc_segment(start) != loc_segment(v.at) {
+            return None;
+        }
+        let from = (v.at - start) as usize;
+        body.get(from..from.checked_add(v.len as usize)?)?;
+        Some((body, from))
+    }
+}
+
+/// Values read by [`read_into`], without a buffer per value: value `i` is [`ReadValues::get`]
+/// of `i`, lent from one buffer of bytes read for the request or from a body of the cache.
+#[derive(Default)]
+pub struct ReadValues {
+    /// Bytes read from the files for this request, values end to end.
+    bytes: Vec<u8>,
+    /// Cached bodies values are lent from (each once, in the order first used).
+    bodies: Vec<Arc<Box<[u8]>>>,
+    spans: Vec<Span>,
+}
+
+#[derive(Clone, Copy)]
+struct Span {
+    /// An index into `bodies`, or [`Span::READ`] for `bytes`.
+    body: usize,
+    start: usize,
+    len: usize,
+}
+
+impl Span {
+    const READ: usize = usize::MAX;
+    const UNREAD: Span = Span {
+        body: Self::READ,
+        start: usize::MAX,
+        len: 0,
+    };
+}
+
+impl ReadValues {
+    /// Value `i`'s bytes.
+    pub fn get(&self, i: usize) -> &[u8] {
+        let s = self.spans[i];
+        let from = match s.body {
+            Span::READ => &self.bytes[..],
+            body => &self.bodies[body][..],
+        };
+        &from[s.start..s.start + s.len]
+    }
+
+    /// How many values there are.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+}
+
+/// Reads the values at `locs` (in any order; answers in the same order), taking those the cache
+/// holds from it (when given) and merging the reads of the others; also returns how many came
+/// from the cache.
+///
+/// Each value's bytes are checksummed once per read, as they arrive from a merged or a lone
+/// read. A value the cache holds is lent from the cached body without a copy and without a
+/// second checksum: the body passed its record's checksum when the load read it, and the
+/// value's own checksum was taken from those same bytes (a location's bytes never change).
+/// `check: false` skips the checksum of values cut out of a merged read (a test's negative
+/// control only).
+pub fn read_into(
     journal: &Journal,
     recent: Option<&RecentRecords>,
     locs: &[ValueLoc],
     partition: &dyn std::fmt::Display,
     check: bool,
-) -> Result<(Vec<Vec<u8>>, usize)> {
-    let mut out: Vec<Option<Vec<u8>>> = match recent {
-        Some(recent) => locs.iter().map(|v| recent.value(v, check)).collect(),
-        None => vec![None; locs.len()],
+) -> Result<(ReadValues, usize)> {
+    let mut out = ReadValues {
+        spans: vec![Span::UNREAD; locs.len()],
+        ..ReadValues::default()
     };
-    let mut todo: Vec<usize> = (0..locs.len()).filter(|&i| out[i].is_none()).collect();
-    let from_recent = locs.len() - todo.len();
+    let mut from_recent = 0;
+    if let Some(recent) = recent {
+        // One lock for the whole request, not one per value.
+        let cache = recent.inner.read();
+        for (i, v) in locs.iter().enumerate() {
+            if let Some((body, start)) = cache.find(v) {
+                if !out
+                    .bodies
+                    .last()
+                    .is_some_and(|last| Arc::ptr_eq(last, body))
+                {
+                    out.bodies.push(Arc::clone(body));
+                }
+                out.spans[i] = Span {
+                    body: out.bodies.len() - 1,
+                    start,
+                    len: v.len as usize,
+                };
+                from_recent += 1;
+            }
+        }
+    }
+    let mut todo: Vec<usize> = (0..locs.len())
+        .filter(|&i| out.spans[i].start == usize::MAX)
+        .collect();
     todo.sort_by_key(|&i| locs[i].at);
     let mut run_start = 0;
     while run_start < todo.len() {
@@ -143,18 +236,54 @@ pub fn read_many(
         }
         let run = &todo[run_start..run_end];
         if run.len() == 1 {
-            out[run[0]] = Some(journal.read_value(first, partition)?);
+            let at = read_one(journal, first, partition, &mut out.bytes)?;
+            out.spans[run[0]] = Span::read(at, first);
         } else {
             read_run(journal, locs, run, start, end, partition, check, &mut out)?;
         }
         run_start = run_end;
     }
-    let values = out.into_iter().map(|v| v.unwrap_or_default()).collect();
-    Ok((values, from_recent))
+    Ok((out, from_recent))
 }
 
-/// Reads `start..end` once and cuts out the values of `run`; a failed read is retried value by
-/// value, so an error names the value it concerns.
+impl Span {
+    fn read(start: usize, v: &ValueLoc) -> Span {
+        Span {
+            body: Span::READ,
+            start,
+            len: v.len as usize,
+        }
+    }
+}
+
+/// Reads one value onto the end of `bytes` and verifies its checksum (always, like
+/// [`Journal::read_value`], whose damage answers it gives); returns where it starts.
+fn read_one(
+    journal: &Journal,
+    v: &ValueLoc,
+    partition: &dyn std::fmt::Display,
+    bytes: &mut Vec<u8>,
+) -> Result<usize> {
+    let at = bytes.len();
+    bytes.resize(at + v.len as usize, 0);
+    let damaged = |detail: &str| value_damage(v, partition, detail);
+    match journal.read_at(v.at, &mut bytes[at..]) {
+        Ok(()) => {}
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(damaged("the segment ends before it (truncated)"));
+        }
+        Err(Error::Corrupt { detail, .. }) => return Err(damaged(&detail)),
+        Err(e) => return Err(e),
+    }
+    if crc32c::crc32c(&bytes[at..]) != v.crc {
+        return Err(damaged("failed its checksum"));
+    }
+    Ok(at)
+}
+
+/// Reads `start..end` once onto the end of the request's bytes and notes where each value of
+/// `run` lies in it; a failed read is retried value by value, so an error names the value it
+/// concerns.
 #[allow(clippy::too_many_arguments)]
 fn read_run(
     journal: &Journal,
@@ -164,29 +293,58 @@ fn read_run(
     end: Loc,
     partition: &dyn std::fmt::Display,
     check: bool,
-    out: &mut [Option<Vec<u8>>],
+    out: &mut ReadValues,
 ) -> Result<()> {
-    let mut buf = vec![0u8; (end - start) as usize];
-    match journal.read_at(start, &mut buf) {
+    let bytes = &mut out.bytes;
+    let base = bytes.len();
+    bytes.resize(base + (end - start) as usize, 0);
+    match journal.read_at(start, &mut bytes[base..]) {
         Ok(()) => {}
         Err(Error::Io { .. } | Error::Corrupt { .. }) => {
+            bytes.truncate(base);
             for &i in run {
-                out[i] = Some(journal.read_value(&locs[i], partition)?);
+                let at = read_one(journal, &locs[i], partition, bytes)?;
+                out.spans[i] = Span::read(at, &locs[i]);
             }
             return Ok(());
         }
         Err(e) => return Err(e),
     }
+    let mut value_bytes = 0;
     for &i in run {
         let v = &locs[i];
-        let from = (v.at - start) as usize;
-        let bytes = &buf[from..from + v.len as usize];
-        if check && crc32c::crc32c(bytes) != v.crc {
+        let from = base + (v.at - start) as usize;
+        if check && crc32c::crc32c(&bytes[from..from + v.len as usize]) != v.crc {
             return Err(value_damage(v, partition, "failed its checksum"));
         }
-        out[i] = Some(bytes.to_vec());
+        out.spans[i] = Span::read(from, v);
+        value_bytes += v.len as usize;
+    }
+    // Mostly gaps (values scattered among other records): keep only the values, so a page
+    // holds its values and one merged read, not every read's gaps.
+    if (end - start) as usize > 2 * value_bytes {
+        close_gaps(locs, run, start, base, out);
     }
     Ok(())
+}
+
+/// Moves the values of a merged read (sorted by location) together over the gaps between
+/// them. A run whose values overlap (the same value asked for twice) is left as read.
+fn close_gaps(locs: &[ValueLoc], run: &[usize], start: Loc, base: usize, out: &mut ReadValues) {
+    let disjoint = run
+        .windows(2)
+        .all(|w| locs[w[0]].at + locs[w[0]].len as u64 <= locs[w[1]].at);
+    if !disjoint {
+        return;
+    }
+    let mut to = base;
+    for &i in run {
+        let (from, len) = (base + (locs[i].at - start) as usize, locs[i].len as usize);
+        out.bytes.copy_within(from..from + len, to);
+        out.spans[i].start = to;
+        to += len;
+    }
+    out.bytes.truncate(to);
 }
 
 #[cfg(test)]
