@@ -1,7 +1,7 @@
 //! Reading history (SPEC L2) and verified replay (SPEC L3, L4).
 
 use super::append::decode_record;
-use super::digest::chain_digest;
+use super::digest::check_run;
 use super::head::LogHead;
 use super::{REPLAY_PAGE, corrupt, keys};
 use crate::error::{Error, Result};
@@ -67,6 +67,17 @@ fn parse_row(p: &Partition, key: &[u8], mut value: Vec<u8>) -> Result<LogRecord>
         digest,
         payload: value,
     })
+}
+
+/// Parses a page's rows up to the first malformed one. That one's error is returned beside the
+/// records before it, which are still checked and visited first, as a row-by-row walk would.
+fn parse_rows(p: &Partition, rows: Vec<(Vec<u8>, Vec<u8>)>) -> (Vec<LogRecord>, Result<()>) {
+    let mut malformed = Ok(());
+    let records = (rows.into_iter())
+        .map(|(key, value)| parse_row(p, &key, value))
+        .map_while(|row| row.map_err(|e| malformed = Err(e)).ok())
+        .collect();
+    (records, malformed)
 }
 
 /// Replays the records after `(after_seq, after_digest)` up to the head, in order, checking the
@@ -148,8 +159,9 @@ fn walk<E: From<Error>>(
     let mut digest = after_digest;
     loop {
         let page = store.scan(p, &range, cursor.as_ref(), REPLAY_PAGE)?;
-        for (key, value) in page.entries {
-            let record = parse_row(p, &key, value)?;
+        let (records, malformed) = parse_rows(p, page.entries);
+        let run = check_run(digest, &records);
+        for (i, record) in records.iter().enumerate() {
             if record.seq != expected {
                 return Err(corrupt(
                     p,
@@ -157,7 +169,7 @@ fn walk<E: From<Error>>(
                 )
                 .into());
             }
-            digest = chain_digest(digest, record.seq, &record.payload);
+            digest = run.chained(i, digest, record);
             if record.digest != digest {
                 return Err(corrupt(
                     p,
@@ -168,9 +180,10 @@ fn walk<E: From<Error>>(
                 )
                 .into());
             }
-            visit(&record)?;
+            visit(record)?;
             expected += 1;
         }
+        malformed?;
         match page.next {
             Some(next) => cursor = Some(next),
             None => break,
