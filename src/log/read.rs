@@ -1,7 +1,7 @@
 //! Reading history (SPEC L2) and verified replay (SPEC L3, L4).
 
 use super::append::decode_record;
-use super::digest::chain_digest;
+use super::digest::check_run;
 use super::head::LogHead;
 use super::{REPLAY_PAGE, corrupt, keys};
 use crate::error::{Error, Result};
@@ -151,47 +151,75 @@ fn walk<E: From<Error>>(
     let mut cursor: Option<Cursor> = None;
     let mut expected = after_seq + 1;
     let mut digest = after_digest;
-    // One record handed to `visit` for every row, its payload buffer reused.
-    let mut record = LogRecord {
-        seq: 0,
-        digest: 0,
-        payload: Vec::new(),
-    };
-    // `visit`'s own error, carried out of the store's page.
-    let mut stopped: Option<E> = None;
+    // A page's records, their payload buffers reused from page to page: rows are lent by the
+    // store only inside `scan_visit`, and the digest check wants the whole page at once.
+    let mut page: Vec<LogRecord> = Vec::new();
     loop {
-        let next = store.scan_visit(p, &range, cursor.as_ref(), REPLAY_PAGE, &mut |key, value| {
-            let (seq, stored, payload) = parse_row(p, key, value)?;
-            if seq != expected {
+        let mut filled = 0;
+        // A malformed row ends the page; the records before it are still checked and visited
+        // first, as a row-by-row walk would.
+        let mut malformed: Option<Error> = None;
+        let next = store.scan_visit(
+            p,
+            &range,
+            cursor.as_ref(),
+            REPLAY_PAGE,
+            &mut |key, value| {
+                let (seq, stored, payload) = match parse_row(p, key, value) {
+                    Ok(row) => row,
+                    Err(e) => {
+                        malformed = Some(e);
+                        return Err(Error::invalid("replay stopped at a malformed row"));
+                    }
+                };
+                if filled == page.len() {
+                    page.push(LogRecord {
+                        seq: 0,
+                        digest: 0,
+                        payload: Vec::new(),
+                    });
+                }
+                let record = &mut page[filled];
+                record.seq = seq;
+                record.digest = stored;
+                record.payload.clear();
+                record.payload.extend_from_slice(payload);
+                filled += 1;
+                Ok(())
+            },
+        );
+        let next = match (next, &malformed) {
+            (_, Some(_)) => None,
+            (next, None) => next?,
+        };
+        let records = &page[..filled];
+        let run = check_run(digest, records);
+        for (i, record) in records.iter().enumerate() {
+            if record.seq != expected {
                 return Err(corrupt(
                     p,
-                    format!("log record {expected} is missing (found {seq})"),
-                ));
+                    format!("log record {expected} is missing (found {})", record.seq),
+                )
+                .into());
             }
-            digest = chain_digest(digest, seq, payload);
-            if stored != digest {
+            digest = run.chained(i, digest, record);
+            if record.digest != digest {
                 return Err(corrupt(
                     p,
                     format!(
-                        "log record {seq} has digest {stored:016x}, its history gives {digest:016x}"
+                        "log record {} has digest {:016x}, its history gives {digest:016x}",
+                        record.seq, record.digest
                     ),
-                ));
+                )
+                .into());
             }
-            record.seq = seq;
-            record.digest = stored;
-            record.payload.clear();
-            record.payload.extend_from_slice(payload);
-            if let Err(e) = visit(&record) {
-                stopped = Some(e);
-                return Err(Error::invalid("replay stopped by its visitor"));
-            }
+            visit(record)?;
             expected += 1;
-            Ok(())
-        });
-        if let Some(e) = stopped.take() {
-            return Err(e);
         }
-        match next? {
+        if let Some(e) = malformed {
+            return Err(e.into());
+        }
+        match next {
             Some(next) => cursor = Some(next),
             None => break,
         }
