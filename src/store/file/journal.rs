@@ -167,6 +167,26 @@ pub struct JournalTail {
     pub tail_seed: u32,
     pub tail_offset: u64,
     pub next_lsn: u64,
+    /// Where the tail segment's records that no later frame proves durable begin (a bound at
+    /// or before the first of them): only these can be in the page cache and not on disk after
+    /// a killed process, so open rewrites and syncs the tail from here (SPEC S4; see
+    /// `durability::sync_what_open_found`). `None`: the tail holds no scanned record.
+    pub unproven_from: Option<u64>,
+    /// How far the tail segment's file is known to hold zeros past its records (checked by the
+    /// scan, to the end of the file; the tail offset when it ends at its records, 0 when not
+    /// known). Trusted as prepared space only once open has synced the tail (see
+    /// [`Journal::new`]): the first write then prepares no step it already has.
+    pub prepared_end: u64,
+}
+
+/// `prepared` if it ends a whole step as the journal prepares them (see
+/// [`preallocation_target`]), else 0: a tail cut elsewhere (a crash before its size was durable,
+/// an earlier version) is sized again by its first write, as one with no zeros is.
+fn whole_step(prepared: u64, segment_bytes: u64) -> u64 {
+    match prepared.is_multiple_of(steps::PREALLOCATION_STEP) || prepared == segment_bytes {
+        true => prepared,
+        false => 0,
+    }
 }
 
 impl Journal {
@@ -220,9 +240,10 @@ impl Journal {
             gathering: AtomicBool::new(false),
             sync_nanos: AtomicU64::new(0),
             segments,
-            // Unknown until the first write, which sizes the tail a step past its end whatever
-            // open found (a tail trimmed at close, cut at a torn tail or created by open).
-            tail_sized: AtomicU64::new(0),
+            // Zeros open found after the tail's records and made durable; otherwise unknown
+            // until the first write, which sizes the tail a step past its end (a tail trimmed
+            // at close, cut at a torn tail or created by open).
+            tail_sized: AtomicU64::new(whole_step(tail.prepared_end, segment_bytes)),
             sparse_steps: false,
             wrote: AtomicBool::new(false),
             files,

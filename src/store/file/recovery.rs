@@ -28,7 +28,7 @@
 mod probe;
 mod segment_files;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 
 pub use super::damage::Damage;
@@ -90,6 +90,10 @@ pub struct ScanOutcome {
     pub records_scanned: u64,
 }
 
+/// How many records not yet proven durable the scan marks one by one (16 bytes each); past
+/// that it rewrites more than it must, never less.
+const UNPROVEN_MARKS: usize = 4096;
+
 /// Scans the journal from `start` (segment, offset) and LSN `start_lsn` (None: accept the
 /// first valid record's LSN), updating the heads of `partitions`.
 pub fn scan(
@@ -108,6 +112,7 @@ pub fn scan(
         unchecked,
         lens,
         zero_end_check,
+        proof_slack,
     } = segments;
     let mut ranges = Ranges::default();
     let mut records = Vec::new();
@@ -126,6 +131,17 @@ pub fn scan(
     let first = numbers.first().copied().unwrap_or(1);
     let (start_segment, start_offset) = start.unwrap_or((first, SEGMENT_HEADER_LEN));
     let mut end_of_tail = SEGMENT_HEADER_LEN;
+    // The newest LSN any scanned frame says was durable when it was framed: a process frames
+    // that only after a sync through it succeeded, so those records are on disk.
+    let mut claimed = 0u64;
+    // Records of the segment being scanned that no frame proved durable when they were read,
+    // as (LSN, offset): every one while there are fewer than `UNPROVEN_MARKS` (more only under
+    // the weaker sync policies, which sync seldom), then only one after a proven mark. The
+    // front is always at or before the first record not proven yet.
+    let mut unproven: VecDeque<(u64, u64)> = VecDeque::new();
+    let mut thinned = false;
+    // How far the segment last scanned is known to hold its records or zeros (checked).
+    let mut checked_end: Option<(u32, u64)> = None;
     // Where the last valid record ended: a damaged range starts there.
     let mut last_end = loc(start_segment, start_offset);
     let mut previous = start_segment.saturating_sub(1);
@@ -229,6 +245,9 @@ pub fn scan(
         let read = |e| Error::io(format!("reading segment {number}"), e);
         let mut w = Window::new(&*segment.file, len);
         let mut at = base;
+        // A later segment exists only once everything before it was synced.
+        unproven.clear();
+        thinned = false;
         // Every segment but the newest was synced before the next one was created.
         let is_last = Some(number) == numbers.last().copied();
         while at < len {
@@ -261,6 +280,19 @@ pub fn scan(
                     ends_at(&data_ends, end, Some(here))
                 });
                 ranges.judge(&name, frame.partition_hash, frame.kind, prev);
+                claimed = claimed.max(frame.synced_lsn.saturating_add(proof_slack));
+                if frame.lsn > claimed {
+                    if unproven.len() < UNPROVEN_MARKS
+                        || unproven.back().is_some_and(|&(l, _)| l <= claimed)
+                    {
+                        unproven.push_back((frame.lsn, at));
+                    } else {
+                        thinned = true;
+                    }
+                }
+                while unproven.get(1).is_some_and(|&(l, _)| l <= claimed + 1) {
+                    unproven.pop_front();
+                }
                 heads.insert(name.into_boxed_slice(), here);
                 expected = Some(frame.lsn + 1);
                 at += record_len;
@@ -279,6 +311,9 @@ pub fn scan(
             };
             if ends_here.map_err(read)? {
                 data_ends.insert(number, at);
+                if zero_end_check {
+                    checked_end = Some((number, len));
+                }
                 break;
             }
             let after = expected.map(|e| e.saturating_sub(1));
@@ -307,6 +342,7 @@ pub fn scan(
                     bytes_dropped: dropped,
                 });
                 end_of_tail = at;
+                checked_end = Some((number, at));
                 break 'segments;
             }
             let candidate = attribute(&mut w, at, segment.seed).map_err(read)?;
@@ -341,6 +377,9 @@ pub fn scan(
             }
         }
         end_of_tail = at;
+        if at == len {
+            checked_end = Some((number, len));
+        }
     }
     // The segment the heads snapshot points into, and everything after it, is gone.
     if start.is_some() && numbers.last().is_none_or(|&n| n < start_segment) {
@@ -392,8 +431,22 @@ pub fn scan(
     if open_at_end || newest != last_live {
         next_lsn += 1 << 20;
     }
+    let (mut unproven_from, mut prepared_end) = (None, 0);
     let (tail_segment, tail_seed, tail_offset) = match (newest, segments.iter().next_back()) {
-        (Some(n), Some((&l, s))) if n == l => (l, s.seed, end_of_tail.max(SEGMENT_HEADER_LEN)),
+        (Some(n), Some((&l, s))) if n == l => {
+            // A lone proven mark: every record after it was proven or marked, so none is
+            // left to prove.
+            let proven = |&(l, _): &(u64, u64)| l <= claimed;
+            if !(unproven.len() == 1 && !thinned && unproven.front().is_some_and(proven)) {
+                unproven_from = unproven.front().map(|&(_, at)| at);
+            }
+            if let Some((checked, end)) = checked_end
+                && checked == l
+            {
+                prepared_end = end;
+            }
+            (l, s.seed, end_of_tail.max(SEGMENT_HEADER_LEN))
+        }
         // Never a sealed segment older than the scan's start (when the segment the snapshot
         // points into is lost, the newest file left is one of those), and never the number of
         // a lost segment the snapshot's heads may point into.
@@ -418,6 +471,8 @@ pub fn scan(
             tail_seed,
             tail_offset,
             next_lsn,
+            unproven_from,
+            prepared_end,
         },
         heads,
         damage: ranges.damage,

@@ -140,7 +140,7 @@ impl Journal {
                         self.sync_segment(n)?;
                     }
                     let size = preallocation_target(SEGMENT_HEADER_LEN, self.segment_bytes);
-                    let segment = create_segment_with(
+                    let (segment, syncs) = create_segment_with(
                         &*self.vfs,
                         &self.dir,
                         number,
@@ -148,6 +148,7 @@ impl Journal {
                         size,
                         self.sparse_steps,
                     )?;
+                    self.counters.syncs.fetch_add(syncs, Ordering::Relaxed);
                     self.tail_sized.store(size, Ordering::Relaxed);
                     self.files.adopt(number, segment.file);
                     self.segments.insert(number, segment.seed);
@@ -168,13 +169,16 @@ impl Journal {
                         let size = preallocation_target(end, self.segment_bytes);
                         let sync = self.policy == SyncPolicy::SyncEveryCommit;
                         let prepare = if self.sparse_steps {
-                            size_step(&*file, from, size, true)
+                            size_step(&*file, from, size, true).map(|()| 0)
                         } else {
                             prepare_step(&*file, from, size, sync)
                         };
-                        prepare.map_err(|e| {
+                        let syncs = prepare.map_err(|e| {
                             Error::io(format!("preparing journal segment {segment}"), e)
                         })?;
+                        // Not in the recent sync time: a step's sync flushes far more than a
+                        // commit's, and that time sizes how long a leader gathers commits.
+                        self.counters.syncs.fetch_add(syncs, Ordering::Relaxed);
                         self.tail_sized.store(size, Ordering::Relaxed);
                     }
                     self.wrote.store(true, Ordering::Relaxed);

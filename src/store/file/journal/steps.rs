@@ -45,9 +45,11 @@ pub fn create_segment(
     salt: u64,
     size: u64,
 ) -> Result<Segment> {
-    create_segment_with(vfs, dir, number, salt, size, false)
+    create_segment_with(vfs, dir, number, salt, size, false).map(|(segment, _)| segment)
 }
 
+/// [`create_segment`], or with `sparse` (the zero fill's negative control) sized with
+/// `set_len` only; also returns how many `fdatasync`s it made (counted in the store's stats).
 pub(super) fn create_segment_with(
     vfs: &dyn Vfs,
     dir: &Path,
@@ -55,7 +57,7 @@ pub(super) fn create_segment_with(
     salt: u64,
     size: u64,
     sparse: bool,
-) -> Result<Segment> {
+) -> Result<(Segment, u64)> {
     let path = dir.join(segment_file_name(number));
     let file = vfs
         .open(&path, OpenMode::CreateNew)
@@ -64,19 +66,20 @@ pub(super) fn create_segment_with(
     // The header is durable before any zeros are written: a power cut during the zero fill
     // then leaves a valid header followed by the unacknowledged writes of a torn tail, never
     // a new segment without its header (which open could not tell from damage).
-    size_step(&*file, SEGMENT_HEADER_LEN, size, true)
+    let syncs = size_step(&*file, SEGMENT_HEADER_LEN, size, true)
         .and_then(|()| file.write_all_at(&header, 0))
         .and_then(|()| file.sync_data())
         .and_then(|()| vfs.sync_dir(dir))
         .and_then(|()| match sparse {
-            true => Ok(()),
+            true => Ok(0),
             false => prepare_step(&*file, SEGMENT_HEADER_LEN, size, true),
         })
         .map_err(|e| Error::io(format!("initialising {}", path.display()), e))?;
-    Ok(Segment {
+    let segment = Segment {
         file,
         seed: format::salt_seed(salt),
-    })
+    };
+    Ok((segment, 1 + syncs))
 }
 
 /// How far ahead of its records the tail segment is prepared: far enough that a lone commit
@@ -102,12 +105,14 @@ pub fn preallocation_target(end: u64, segment_bytes: u64) -> u64 {
 /// as one after an overwrite). `set_len` alone would leave a hole, allocated block by block as
 /// records fill it. An all-zero frame is invalid, so recovery reads the zeros as the end of the
 /// segment's records. `sync` is off under the weaker sync policies, whose commits do not sync.
-pub fn prepare_step(file: &dyn VfsFile, from: u64, to: u64, sync: bool) -> std::io::Result<()> {
+/// Returns how many `fdatasync`s it made (0 or 1).
+pub fn prepare_step(file: &dyn VfsFile, from: u64, to: u64, sync: bool) -> std::io::Result<u64> {
     size_step(file, from, to, false)?;
     if sync && to > from {
         file.sync_data()?;
+        return Ok(1);
     }
-    Ok(())
+    Ok(0)
 }
 
 /// Writes zeros over `from..to` a bounded buffer at a time (or, `sparse`, only extends the

@@ -31,6 +31,9 @@ pub struct Segments {
     /// frame as the end of its records (always, except for the negative control
     /// `SkipSync::ZeroEndCheck`).
     pub zero_end_check: bool,
+    /// Records the scan takes as proven durable beyond what the frames prove: 0, except for
+    /// the negative control `SkipSync::ProofBound`.
+    pub proof_slack: u64,
 }
 
 /// The numbers of the segment files in `journal_dir`, in order: one listing of the directory.
@@ -118,6 +121,7 @@ pub fn open_segments_with(
         unchecked,
         lens,
         zero_end_check: true,
+        proof_slack: 0,
     })
 }
 
