@@ -690,7 +690,10 @@ impl Outcome {
 pub struct StoreStats {
     /// Batches committed since open.
     pub batches: u64,
-    /// Syncs issued since open (group commit shows as `syncs < batches`).
+    /// Journal `fdatasync`s issued since open: those that make commits durable (group commit
+    /// shows as `syncs < batches`), and those that make a new segment's header and each
+    /// zero-filled step of the tail durable before records go there. Open's own syncs and
+    /// directory syncs are not counted.
     pub syncs: u64,
     /// Bytes appended to the journal since open.
     pub bytes_written: u64,

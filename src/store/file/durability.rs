@@ -13,14 +13,16 @@ use crate::error::{Error, Result};
 /// Makes durable everything open is about to trust and serve (SPEC S4), as PostgreSQL syncs
 /// its data directory after a crash, but only what a killed process can have left undurable:
 ///
-/// - the journal open scanned (from the snapshot's position; older segments were sealed, so
-///   synced, before their successor began). A process killed during its `fdatasync` leaves
-///   writes that readers see (they are in the page cache) but a power cut could still take
-///   away, after readers saw them and after later segments sealed them. A sync alone is not
-///   enough after a *failed* sync: the kernel then marks the pages clean although they never
-///   reached the disk (fsyncgate), so a reopen in the same boot reads them and a later sync
-///   writes nothing. Open therefore writes the scanned bytes again (the same bytes, which makes
-///   the pages dirty) and then syncs;
+/// - the tail segment's records that no frame proves durable ([`JournalTail::unproven_from`]
+///   on). A process killed during its `fdatasync` leaves writes that readers see (they are in
+///   the page cache) but a power cut could still take away, after readers saw them. A sync
+///   alone is not enough after a *failed* sync: the kernel then marks the pages clean although
+///   they never reached the disk (fsyncgate), so a reopen in the same boot reads them and a
+///   later sync writes nothing. Open therefore writes those bytes again (the same bytes, which
+///   makes the pages dirty) and then syncs. Every other scanned record is on disk already: a
+///   frame's `synced_lsn` is written only after a sync through it succeeded (a failed sync is
+///   latched and nothing is framed after it), and every segment but the newest was synced,
+///   successfully, before its successor was created;
 /// - when the tail segment held no record ([`Needs::created`]): its header and its directory
 ///   entry. A segment's header is synced, and then its directory entry, before any record is
 ///   written into it, by a process whose syncs had all succeeded (a failed one is latched and
@@ -34,43 +36,39 @@ use crate::error::{Error, Result};
 ///   directory sync that follows it; a power cut then falls back to the previous manifest, whose
 ///   snapshot the same durable journal extends (as for a clean reopen, see [`found_nothing`]).
 ///
+/// The sync of the tail also makes the zeros the scan found after its records durable; when it
+/// is not made, [`JournalTail::prepared_end`] is cleared so the journal does not rely on them.
 /// Not called when open found nothing to make durable ([`found_nothing`]: a store closed
 /// cleanly). `skip_tail` (a negative control, tests only) leaves the journal as found.
 pub(super) fn sync_what_open_found(
     vfs: &dyn Vfs,
     dir: &Path,
     journal_dir: &Path,
-    tail: &JournalTail,
-    scan_start: Option<(u32, u64)>,
+    tail: &mut JournalTail,
     skip_tail: bool,
     needs: Needs,
 ) -> Result<()> {
-    let (first, offset) = scan_start.unwrap_or((0, SEGMENT_HEADER_LEN));
-    for (&number, segment) in tail.segments.range(first..) {
-        if skip_tail {
-            break;
+    let number = tail.tail_segment;
+    let unproven = tail.unproven_from.filter(|_| !skip_tail);
+    let header = needs.created && !skip_tail;
+    match tail.segments.get(&number) {
+        Some(segment) if unproven.is_some() || header => {
+            let io = |e| Error::io(format!("rewriting journal segment {number} at open"), e);
+            let file = &*segment.file;
+            // The tail's records end at the tail offset (the scan stopped there, within the
+            // file): the zeros of its prepared end hold no records, and writing them again
+            // would only cost time.
+            let end = tail.tail_offset;
+            if header {
+                rewrite(file, 0, SEGMENT_HEADER_LEN.min(end)).map_err(io)?;
+            }
+            if let Some(from) = unproven {
+                rewrite(file, from.min(end), end).map_err(io)?;
+            }
+            file.sync_data()
+                .map_err(|e| Error::io(format!("syncing journal segment {number} at open"), e))?;
         }
-        let from = if number == first {
-            offset
-        } else {
-            SEGMENT_HEADER_LEN
-        };
-        let io = |e| Error::io(format!("rewriting journal segment {number} at open"), e);
-        let file = &*segment.file;
-        // The tail's records end at the tail offset (the scan stopped there, within the file):
-        // the zeros of its prepared end hold no records, and writing them again would only
-        // cost time.
-        let end = if number == tail.tail_segment {
-            tail.tail_offset
-        } else {
-            file.len().map_err(io)?
-        };
-        if needs.created && number == tail.tail_segment {
-            rewrite(file, 0, SEGMENT_HEADER_LEN.min(end)).map_err(io)?;
-        }
-        rewrite(file, from.min(end), end).map_err(io)?;
-        file.sync_data()
-            .map_err(|e| Error::io(format!("syncing journal segment {number} at open"), e))?;
+        _ => tail.prepared_end = 0,
     }
     let parent = match dir.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,

@@ -8,24 +8,33 @@
 //! runs under the append mutex. A failed write or sync is latched: every later commit is
 //! refused with `SyncFailed` until the store is reopened (the kernel may have dropped the dirty
 //! pages, so a retry that "succeeds" could still have lost data).
+//!
+//! This module owns the journal's state and appends; `group` the leader that writes and syncs
+//! the queue, `steps` segment files and their zero-filled steps, `reads` reads by location.
+
+mod group;
+mod reads;
+mod steps;
 
 use std::collections::BTreeMap;
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
 
-use super::format::{
-    self, FRAME_LEN, Frame, Loc, RecordKind, SEGMENT_HEADER_LEN, ValueLoc, loc, loc_offset,
-    loc_segment,
-};
+use super::format::{self, FRAME_LEN, Frame, Loc, RecordKind, SEGMENT_HEADER_LEN, loc};
 use super::segments::{Header, SegmentFiles, SegmentSet};
-use super::vfs::{OpenMode, Vfs, VfsFile};
+use super::vfs::{Vfs, VfsFile};
 use crate::error::{Error, Result};
+
+pub use group::AppendIntent;
+pub use reads::{RecordStart, value_damage};
+pub use steps::{
+    create_segment, new_salt, parse_segment_file_name, preallocation_target, prepare_step,
+    segment_file_name,
+};
+use steps::{create_segment_with, size_step};
 
 /// How commits reach stable storage. The names of the weaker policies say what they risk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -158,125 +167,26 @@ pub struct JournalTail {
     pub tail_seed: u32,
     pub tail_offset: u64,
     pub next_lsn: u64,
+    /// Where the tail segment's records that no later frame proves durable begin (a bound at
+    /// or before the first of them): only these can be in the page cache and not on disk after
+    /// a killed process, so open rewrites and syncs the tail from here (SPEC S4; see
+    /// `durability::sync_what_open_found`). `None`: the tail holds no scanned record.
+    pub unproven_from: Option<u64>,
+    /// How far the tail segment's file is known to hold zeros past its records (checked by the
+    /// scan, to the end of the file; the tail offset when it ends at its records, 0 when not
+    /// known). Trusted as prepared space only once open has synced the tail (see
+    /// [`Journal::new`]): the first write then prepares no step it already has.
+    pub prepared_end: u64,
 }
 
-pub fn segment_file_name(number: u32) -> String {
-    format!("{number:010}.seg")
-}
-
-pub fn parse_segment_file_name(name: &str) -> Option<u32> {
-    let digits = name.strip_suffix(".seg")?;
-    if digits.len() != 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+/// `prepared` if it ends a whole step as the journal prepares them (see
+/// [`preallocation_target`]), else 0: a tail cut elsewhere (a crash before its size was durable,
+/// an earlier version) is sized again by its first write, as one with no zeros is.
+fn whole_step(prepared: u64, segment_bytes: u64) -> u64 {
+    match prepared.is_multiple_of(steps::PREALLOCATION_STEP) || prepared == segment_bytes {
+        true => prepared,
+        false => 0,
     }
-    digits.parse().ok()
-}
-
-/// A fresh random salt for a new segment.
-pub fn new_salt() -> u64 {
-    let mut h = RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.write_u32(std::process::id());
-    h.finish() | 1
-}
-
-/// Creates a segment file of `size` bytes with its header, synced together with the size, and
-/// its directory entry synced; then prepares the bytes after the header for records
-/// ([`prepare_step`]: zeros written and synced).
-pub fn create_segment(
-    vfs: &dyn Vfs,
-    dir: &Path,
-    number: u32,
-    salt: u64,
-    size: u64,
-) -> Result<Segment> {
-    create_segment_with(vfs, dir, number, salt, size, false)
-}
-
-fn create_segment_with(
-    vfs: &dyn Vfs,
-    dir: &Path,
-    number: u32,
-    salt: u64,
-    size: u64,
-    sparse: bool,
-) -> Result<Segment> {
-    let path = dir.join(segment_file_name(number));
-    let file = vfs
-        .open(&path, OpenMode::CreateNew)
-        .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
-    let header = format::encode_segment_header(number, salt);
-    // The header is durable before any zeros are written: a power cut during the zero fill
-    // then leaves a valid header followed by the unacknowledged writes of a torn tail, never
-    // a new segment without its header (which open could not tell from damage).
-    size_step(&*file, SEGMENT_HEADER_LEN, size, true)
-        .and_then(|()| file.write_all_at(&header, 0))
-        .and_then(|()| file.sync_data())
-        .and_then(|()| vfs.sync_dir(dir))
-        .and_then(|()| match sparse {
-            true => Ok(()),
-            false => prepare_step(&*file, SEGMENT_HEADER_LEN, size, true),
-        })
-        .map_err(|e| Error::io(format!("initialising {}", path.display()), e))?;
-    Ok(Segment {
-        file,
-        seed: format::salt_seed(salt),
-    })
-}
-
-/// How far ahead of its records the tail segment is prepared: far enough that a lone commit
-/// almost never prepares a step (once in about 6,000 commits of 174 bytes), near enough that
-/// open after a crash reads at most about this much unwritten space to be sure no record
-/// follows the last one, and that preparing a step (writing and syncing its zeros) stays a
-/// short pause (about 1-2 ms) for the one commit that does it.
-pub const PREALLOCATION_STEP: u64 = 1 << 20;
-
-/// The size to give a segment whose records will end at `end`: the next whole step past it,
-/// never past `segment_bytes` (a first record larger than a segment is written as it is).
-pub fn preallocation_target(end: u64, segment_bytes: u64) -> u64 {
-    ((end / PREALLOCATION_STEP + 1) * PREALLOCATION_STEP)
-        .min(segment_bytes)
-        .max(end)
-}
-
-/// Prepares bytes `from..to` of a segment for records: writes zeros over them and syncs them,
-/// so that a later write there overwrites blocks the file system has already allocated, and
-/// the `fdatasync` of a commit has only data to flush: no new file size and no block
-/// allocation, either of which would make the sync also commit the file system's journal
-/// (measured on ext4: a sync after a write into a hole or past the end took about twice as long
-/// as one after an overwrite). `set_len` alone would leave a hole, allocated block by block as
-/// records fill it. An all-zero frame is invalid, so recovery reads the zeros as the end of the
-/// segment's records. `sync` is off under the weaker sync policies, whose commits do not sync.
-pub fn prepare_step(file: &dyn VfsFile, from: u64, to: u64, sync: bool) -> std::io::Result<()> {
-    size_step(file, from, to, false)?;
-    if sync && to > from {
-        file.sync_data()?;
-    }
-    Ok(())
-}
-
-/// Writes zeros over `from..to` a bounded buffer at a time (or, `sparse`, only extends the
-/// file to `to` with `set_len`, never shrinking it).
-fn size_step(file: &dyn VfsFile, from: u64, to: u64, sparse: bool) -> std::io::Result<()> {
-    if sparse {
-        if file.len()? < to {
-            file.set_len(to)?;
-        }
-        return Ok(());
-    }
-    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
-    let mut at = from;
-    while at < to {
-        let n = (to - at).min(ZEROS.len() as u64);
-        file.write_all_at(&ZEROS[..n as usize], at)?;
-        at += n;
-    }
-    Ok(())
 }
 
 impl Journal {
@@ -330,9 +240,10 @@ impl Journal {
             gathering: AtomicBool::new(false),
             sync_nanos: AtomicU64::new(0),
             segments,
-            // Unknown until the first write, which sizes the tail a step past its end whatever
-            // open found (a tail trimmed at close, cut at a torn tail or created by open).
-            tail_sized: AtomicU64::new(0),
+            // Zeros open found after the tail's records and made durable; otherwise unknown
+            // until the first write, which sizes the tail a step past its end (a tail trimmed
+            // at close, cut at a torn tail or created by open).
+            tail_sized: AtomicU64::new(whole_step(tail.prepared_end, segment_bytes)),
             sparse_steps: false,
             wrote: AtomicBool::new(false),
             files,
@@ -457,203 +368,6 @@ impl Journal {
         Ok((lsn, at))
     }
 
-    /// Waits until `lsn` is durable under the sync policy (for the weaker policies: written).
-    pub fn wait_durable(&self, lsn: u64) -> Result<()> {
-        self.wait_for(lsn, self.policy == SyncPolicy::SyncEveryCommit)
-    }
-
-    /// Writes and syncs everything appended so far, whatever the policy; returns the LSN
-    /// that is now durable.
-    pub fn sync_all(&self) -> Result<u64> {
-        let target = self.state.lock().next_lsn - 1;
-        self.wait_for(target, true)?;
-        Ok(target)
-    }
-
-    fn wait_for(&self, lsn: u64, synced: bool) -> Result<()> {
-        let mut st = self.state.lock();
-        loop {
-            if let Some(reason) = &st.failed {
-                return Err(Error::SyncFailed(reason.clone()));
-            }
-            let reached = if synced {
-                st.synced_lsn
-            } else {
-                st.written_lsn
-            };
-            if reached >= lsn {
-                return Ok(());
-            }
-            if st.leader_active {
-                let round = if lsn <= st.leader_target {
-                    st.generation
-                } else {
-                    st.generation + 1
-                };
-                self.durable[(round % 2) as usize].wait(&mut st);
-                continue;
-            }
-            self.lead(&mut st, synced);
-        }
-    }
-
-    /// Becomes the leader: writes (and, if asked, syncs) the whole queue outside the mutex, so
-    /// appenders keep queueing while the device works.
-    ///
-    /// Before a sync, while fewer records are queued than commits are under way, the leader
-    /// waits for the rest, at most half the recent sync time (and never more than 1 ms): their
-    /// records then share this sync instead of each paying for the next one. Without this, the
-    /// committers released by one sync (still on their way back to commit again) miss the next
-    /// one, and the writers split into two groups that sync in turn. A lone committer never
-    /// waits.
-    fn lead(&self, st: &mut MutexGuard<'_, State>, sync: bool) {
-        st.leader_active = true;
-        // Everything appended until the queue is taken below is covered by this round.
-        st.leader_target = u64::MAX;
-        if sync && st.queued_records < self.active.load(Ordering::Acquire) {
-            let budget = Duration::from_nanos(self.sync_nanos.load(Ordering::Relaxed) / 2)
-                .min(Duration::from_millis(1));
-            let deadline = Instant::now() + budget;
-            st.gathering = true;
-            self.gathering.store(true, Ordering::SeqCst);
-            while st.queued_records < self.active.load(Ordering::SeqCst) {
-                if self.gathered.wait_until(st, deadline).timed_out() {
-                    break;
-                }
-            }
-            st.gathering = false;
-            self.gathering.store(false, Ordering::SeqCst);
-        }
-        st.queued_records = 0;
-        let queue = std::mem::take(&mut st.queue);
-        // Only the leader touches `dirty`, so it can be taken and handed back.
-        let dirty = std::mem::take(&mut st.dirty);
-        let target = st.next_lsn - 1;
-        st.leader_target = target;
-        let result = MutexGuard::unlocked(st, || self.write_queue(queue, dirty, sync));
-        st.leader_active = false;
-        match result {
-            Ok(still_dirty) => {
-                st.written_lsn = target;
-                if sync {
-                    st.synced_lsn = target;
-                }
-                st.dirty = still_dirty;
-            }
-            Err(e) => {
-                log::error!("journal write or sync failed; refusing writes until reopened: {e}");
-                st.failed = Some(e.to_string());
-            }
-        }
-        let covered = (st.generation % 2) as usize;
-        st.generation += 1;
-        self.durable[covered].notify_all();
-        let next = 1 - covered;
-        if st.failed.is_some() {
-            self.durable[next].notify_all();
-        } else {
-            // One of those that appended during this round leads the next.
-            self.durable[next].notify_one();
-        }
-    }
-
-    /// Writes the queued chunks in order. Before a new segment starts, the segment it seals is
-    /// trimmed to its records (its unused preallocated end dropped) and every segment written
-    /// but not yet synced is synced, whatever the policy, so a sealed segment is always whole on
-    /// disk and ends where its records end. With `sync`, everything is synced at the end.
-    /// Returns the segments left unsynced.
-    fn write_queue(&self, queue: Vec<Chunk>, mut dirty: Vec<u32>, sync: bool) -> Result<Vec<u32>> {
-        for chunk in queue {
-            match chunk {
-                Chunk::NewSegment {
-                    number,
-                    salt,
-                    sealed_end,
-                } => {
-                    let sealed = number - 1;
-                    let file = self.segment(sealed)?.file;
-                    let trim = |e| Error::io(format!("trimming journal segment {sealed}"), e);
-                    if file.len().map_err(trim)? > sealed_end {
-                        file.set_len(sealed_end).map_err(trim)?;
-                        if !dirty.contains(&sealed) {
-                            dirty.push(sealed);
-                        }
-                    }
-                    for n in dirty.drain(..) {
-                        self.sync_segment(n)?;
-                    }
-                    let size = preallocation_target(SEGMENT_HEADER_LEN, self.segment_bytes);
-                    let segment = create_segment_with(
-                        &*self.vfs,
-                        &self.dir,
-                        number,
-                        salt,
-                        size,
-                        self.sparse_steps,
-                    )?;
-                    self.tail_sized.store(size, Ordering::Relaxed);
-                    self.files.adopt(number, segment.file);
-                    self.segments.insert(number, segment.seed);
-                }
-                Chunk::Bytes {
-                    segment,
-                    offset,
-                    bytes,
-                } => {
-                    let file = self.segment(segment)?.file;
-                    // Only the tail is written to: chunks for a sealed segment come before the
-                    // rollover that starts the next one.
-                    let end = offset + bytes.len() as u64;
-                    let prepared = self.tail_sized.load(Ordering::Relaxed);
-                    if end > prepared {
-                        // Everything from `offset` on is past the records written so far.
-                        let from = prepared.max(offset);
-                        let size = preallocation_target(end, self.segment_bytes);
-                        let sync = self.policy == SyncPolicy::SyncEveryCommit;
-                        let prepare = if self.sparse_steps {
-                            size_step(&*file, from, size, true)
-                        } else {
-                            prepare_step(&*file, from, size, sync)
-                        };
-                        prepare.map_err(|e| {
-                            Error::io(format!("preparing journal segment {segment}"), e)
-                        })?;
-                        self.tail_sized.store(size, Ordering::Relaxed);
-                    }
-                    self.wrote.store(true, Ordering::Relaxed);
-                    file.write_all_at(&bytes, offset)
-                        .map_err(|e| Error::io(format!("writing journal segment {segment}"), e))?;
-                    if !dirty.contains(&segment) {
-                        dirty.push(segment);
-                    }
-                }
-            }
-        }
-        if sync {
-            for n in dirty.drain(..) {
-                self.sync_segment(n)?;
-            }
-        }
-        Ok(dirty)
-    }
-
-    fn sync_segment(&self, number: u32) -> Result<()> {
-        let file = self.segment(number)?.file;
-        let started = Instant::now();
-        file.sync_data()
-            .map_err(|e| Error::io(format!("syncing journal segment {number}"), e))?;
-        let took = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-        let average = self.sync_nanos.load(Ordering::Relaxed);
-        let updated = if average == 0 {
-            took
-        } else {
-            (average * 7 + took) / 8
-        };
-        self.sync_nanos.store(updated, Ordering::Relaxed);
-        self.counters.syncs.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
     /// Segment `number`; its header is read on first use. `Corrupt` if the segment is missing
     /// or its header is damaged (remembered: see [`SegmentSet::get`]).
     pub fn segment(&self, number: u32) -> Result<Segment> {
@@ -680,94 +394,6 @@ impl Journal {
             on_wait();
         }
         drop(self.readers.write());
-    }
-
-    /// Reads `buf.len()` bytes at a location.
-    pub fn read_at(&self, at: Loc, buf: &mut [u8]) -> Result<()> {
-        let segment = loc_segment(at);
-        self.segment(segment)?
-            .file
-            .read_exact_at(buf, loc_offset(at))
-            .map_err(|e| Error::io(format!("reading journal segment {segment}"), e))
-    }
-
-    /// Reads a value and verifies its checksum.
-    /// Damage answers `Corrupt` naming the segment and the partition, never a retryable `Io`
-    /// (SPEC S4): a value past the end of a truncated segment, in a missing segment or one
-    /// whose header is damaged, or failing its checksum.
-    pub fn read_value(&self, v: &ValueLoc, partition: &dyn std::fmt::Display) -> Result<Vec<u8>> {
-        let damaged = |detail: &str| value_damage(v, partition, detail);
-        let mut buf = vec![0u8; v.len as usize];
-        match self.read_at(v.at, &mut buf) {
-            Ok(()) => {}
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(damaged("the segment ends before it (truncated)"));
-            }
-            Err(Error::Corrupt { detail, .. }) => return Err(damaged(&detail)),
-            Err(e) => return Err(e),
-        }
-        if crc32c::crc32c(&buf) != v.crc {
-            return Err(damaged("failed its checksum"));
-        }
-        Ok(buf)
-    }
-
-    /// Reads and verifies the record at `at`; returns its frame and body.
-    pub fn read_record(&self, at: Loc) -> Result<(Frame, Vec<u8>)> {
-        match self.read_record_start(at)? {
-            RecordStart::Whole(frame, body) => Ok((frame, body)),
-            RecordStart::Partial(frame, start) => self.finish_record(at, frame, start),
-        }
-    }
-
-    /// Reads the rest of the record at `at` whose frame and body start
-    /// [`Journal::read_record_start`] answered `Partial`, and verifies the whole body; returns
-    /// the frame and body like [`Journal::read_record`], without reading the start again.
-    pub fn finish_record(
-        &self,
-        at: Loc,
-        frame: Frame,
-        mut body: Vec<u8>,
-    ) -> Result<(Frame, Vec<u8>)> {
-        let segment = self.segment(loc_segment(at))?;
-        let got = body.len();
-        body.resize(frame.body_len as usize, 0);
-        segment
-            .file
-            .read_exact_at(&mut body[got..], loc_offset(at) + (FRAME_LEN + got) as u64)
-            .map_err(|e| record_read_error(at, e, "the segment ends inside the record"))?;
-        if format::body_crc(&body) != frame.body_crc {
-            return Err(record_damage(at, "record body failed its checksum"));
-        }
-        Ok((frame, body))
-    }
-
-    /// Reads the record at `at` with one read of a few KiB: the whole record, verified, when it
-    /// is that small; otherwise its verified frame and the start of its body (unverified).
-    /// Chain walks use it to follow a partition's links without holding large bodies.
-    pub fn read_record_start(&self, at: Loc) -> Result<RecordStart> {
-        let segment = self.segment(loc_segment(at))?;
-        let mut buf = vec![0u8; SPECULATIVE_READ];
-        let got = read_up_to(&*segment.file, &mut buf, loc_offset(at))
-            .map_err(|e| record_read_error(at, e, "record unreadable"))?;
-        if got < FRAME_LEN {
-            return Err(record_damage(at, "record header unreadable"));
-        }
-        let frame = format::decode_frame(segment.seed, &buf[..FRAME_LEN])
-            .ok_or_else(|| record_damage(at, "record header failed its checksum"))?;
-        let end = FRAME_LEN + frame.body_len as usize;
-        if end <= got {
-            buf.truncate(end);
-            buf.drain(..FRAME_LEN);
-            if format::body_crc(&buf) != frame.body_crc {
-                return Err(record_damage(at, "record body failed its checksum"));
-            }
-            Ok(RecordStart::Whole(frame, buf))
-        } else {
-            buf.truncate(got);
-            buf.drain(..FRAME_LEN);
-            Ok(RecordStart::Partial(frame, buf))
-        }
     }
 
     /// Refuses every later append with `Closed`; what was appended before can still be synced.
@@ -831,107 +457,6 @@ impl Journal {
             st.synced_lsn
         } else {
             st.written_lsn
-        }
-    }
-}
-
-/// Bytes read at once when a record is fetched by location (frame plus a typical body).
-const SPECULATIVE_READ: usize = 4096;
-
-/// What one read at a record's location found (see [`Journal::read_record_start`]).
-pub enum RecordStart {
-    /// The whole record; its body passed its checksum.
-    Whole(Frame, Vec<u8>),
-    /// The frame (verified) and the first bytes of a longer body (not yet verified).
-    Partial(Frame, Vec<u8>),
-}
-
-/// Damage to a value: `Corrupt` naming the partition, the segment and the value's offset.
-pub fn value_damage(v: &ValueLoc, partition: &dyn std::fmt::Display, detail: &str) -> Error {
-    Error::corrupt(
-        format!("partition {partition}"),
-        format!(
-            "value at journal segment {} offset {}: {detail}",
-            loc_segment(v.at),
-            loc_offset(v.at)
-        ),
-    )
-}
-
-fn record_damage(at: Loc, detail: &str) -> Error {
-    Error::corrupt(
-        format!(
-            "journal segment {} offset {}",
-            loc_segment(at),
-            loc_offset(at)
-        ),
-        detail.to_owned(),
-    )
-}
-
-/// A failed read of a record: a segment that ends too soon is damage (`Corrupt`, never a
-/// retryable `Io`: SPEC S4); any other I/O error stays `Io`, so a transient failure is not
-/// remembered as damage.
-fn record_read_error(at: Loc, e: std::io::Error, detail: &str) -> Error {
-    if e.kind() == std::io::ErrorKind::UnexpectedEof {
-        record_damage(at, detail)
-    } else {
-        Error::io(
-            format!(
-                "reading journal segment {} offset {}",
-                loc_segment(at),
-                loc_offset(at)
-            ),
-            e,
-        )
-    }
-}
-
-/// Reads as much of `buf` as the file holds at `offset`; returns how many bytes were read.
-fn read_up_to(file: &dyn VfsFile, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match file.read_at(&mut buf[filled..], offset + filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
-}
-
-/// A commit in progress (see [`Journal::announce`]): held from before the committer takes its
-/// partition's lock until its commit returns, so a gathering leader knows how many commits
-/// are under way.
-pub struct AppendIntent<'a> {
-    journal: &'a Journal,
-}
-
-impl AppendIntent<'_> {
-    /// Appends this commit's record (see [`Journal::append`]).
-    pub fn append(
-        &mut self,
-        kind: RecordKind,
-        partition_hash: u64,
-        body: &[u8],
-        on_placed: impl FnOnce(u64, Loc),
-    ) -> Result<(u64, Loc)> {
-        self.journal
-            .append_inner(kind, partition_hash, body, on_placed, true)
-    }
-}
-
-impl Drop for AppendIntent<'_> {
-    fn drop(&mut self) {
-        self.journal.active.fetch_sub(1, Ordering::SeqCst);
-        if !self.journal.gathering.load(Ordering::SeqCst) {
-            return;
-        }
-        // Under the mutex, so a leader between its check and its wait cannot miss this.
-        let st = self.journal.state.lock();
-        if st.gathering && st.queued_records >= self.journal.active.load(Ordering::SeqCst) {
-            self.journal.gathered.notify_all();
         }
     }
 }

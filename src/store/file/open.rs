@@ -186,7 +186,11 @@ impl FileStore {
         if config.skip_syncs.contains(&SkipSync::ZeroEndCheck) {
             segments.zero_end_check = false;
         }
-        let outcome = recovery::scan(
+        #[cfg(feature = "fault-injection")]
+        if config.skip_syncs.contains(&SkipSync::ProofBound) {
+            segments.proof_slack = 1;
+        }
+        let mut outcome = recovery::scan(
             &*vfs,
             &journal_dir,
             segments,
@@ -209,15 +213,18 @@ impl FileStore {
         let scan_start = start.map(|(s, o, _)| (s, o));
         // After a clean close there is nothing to make durable: no write, no sync.
         if !(trust_anything || durability::found_nothing(&outcome, scan_start)) {
+            let needs = durability::Needs::of(&outcome.tail, scan_start, any_tail);
             durability::sync_what_open_found(
                 &*vfs,
                 &dir,
                 &journal_dir,
-                &outcome.tail,
-                scan_start,
+                &mut outcome.tail,
                 skip_tail,
-                durability::Needs::of(&outcome.tail, scan_start, any_tail),
+                needs,
             )?;
+        } else {
+            // Zeros a killed process left after the snapshot may not be durable.
+            outcome.tail.prepared_end = 0;
         }
         report.journal_bytes_scanned = outcome.bytes_scanned;
         report.records_scanned = outcome.records_scanned;

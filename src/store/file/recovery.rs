@@ -21,24 +21,28 @@
 //!
 //! What recovery finds is returned as a [`Damage`], which the store persists with every heads
 //! snapshot and manifest so that a refusal survives close and reopen.
+//!
+//! This module owns the scan and its verdicts; `segment_files` lists and opens the segments
+//! and checks their headers, `probe` asks the bytes of one segment what they hold.
 
-use std::collections::{BTreeMap, HashMap};
-use std::io;
+mod probe;
+mod segment_files;
+
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
-use std::sync::Arc;
 
 pub use super::damage::Damage;
 use super::damage::{Ranges, at_str, shown};
 use super::format::{
-    self, BODY_HEAD_MAX, FRAME_LEN, Loc, SEGMENT_HEADER_LEN, decode_body_head, decode_frame, loc,
-    loc_offset, loc_segment, partition_hash,
+    FRAME_LEN, Loc, SEGMENT_HEADER_LEN, loc, loc_offset, loc_segment, partition_hash,
 };
 use super::heads::Pages;
-use super::journal::{JournalTail, Segment, create_segment, new_salt, parse_segment_file_name};
-use super::segments::seed_of;
-use super::vfs::{OpenMode, Vfs, VfsFile};
+use super::journal::{JournalTail, create_segment, new_salt};
+use super::vfs::Vfs;
 use super::window::Window;
 use crate::error::{Error, Result};
+use probe::{Probe, attribute, find_valid, probe, written_end, zeros_to_end};
+pub use segment_files::{Segments, list_segments, open_segments_with};
 
 /// A damaged record or range found at open.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,26 +70,6 @@ pub struct TornTail {
     pub bytes_dropped: u64,
 }
 
-/// A segment whose header could not be read: kept on disk as evidence, never read from.
-pub struct DamagedSegment {
-    pub reason: String,
-}
-
-/// The journal's segment files as open found them.
-pub struct Segments {
-    pub live: BTreeMap<u32, Segment>,
-    pub damaged: BTreeMap<u32, DamagedSegment>,
-    /// Sealed segments before the scan's start, listed but not opened: their headers are
-    /// checked on first use.
-    pub unchecked: Vec<u32>,
-    /// Each live segment's length when its header was read, so the scan does not ask again.
-    pub lens: HashMap<u32, u64>,
-    /// Whether the scan checks that the rest of a segment is zeros before it takes an all-zero
-    /// frame as the end of its records (always, except for the negative control
-    /// `SkipSync::ZeroEndCheck`).
-    pub zero_end_check: bool,
-}
-
 /// The partitions the store knows before the scan: damage the scan cannot attribute may
 /// refuse any of them.
 pub struct Known<'a> {
@@ -106,226 +90,9 @@ pub struct ScanOutcome {
     pub records_scanned: u64,
 }
 
-/// The numbers of the segment files in `journal_dir`, in order: one listing of the directory.
-pub fn list_segments(vfs: &dyn Vfs, journal_dir: &Path) -> Result<Vec<u32>> {
-    let names = vfs
-        .list(journal_dir)
-        .map_err(|e| Error::io(format!("listing {}", journal_dir.display()), e))?;
-    let mut numbers: Vec<u32> = names
-        .iter()
-        .filter_map(|n| parse_segment_file_name(n))
-        .collect();
-    numbers.sort_unstable();
-    Ok(numbers)
-}
-
-/// Opens the segments `numbers` (from [`list_segments`]) from `from` on, the ones the scan
-/// reads, and checks each one's header; older ones are left unopened, to be checked on first
-/// use (SPEC S5: open does not grow with the number of segments). A header that cannot be
-/// read is damage: the file is kept and listed, and open goes on (SPEC S4). Only the newest
-/// segment, when nothing after its header could be a record (a creation cut short), is
-/// removed. A newer format version is refused (SPEC S10).
-///
-/// Keeps for each live segment the file `keep` makes of the handle that read its header (the
-/// store and the inspection walk keep a handle from a bounded table instead, and close this
-/// one, so neither needs more than a bounded number of file descriptors).
-pub fn open_segments_with(
-    vfs: &dyn Vfs,
-    journal_dir: &Path,
-    numbers: &[u32],
-    from: u32,
-    keep: impl Fn(u32, Arc<dyn VfsFile>) -> Arc<dyn VfsFile>,
-) -> Result<Segments> {
-    let mut live = BTreeMap::new();
-    let mut damaged = BTreeMap::new();
-    let mut lens = HashMap::new();
-    let last = numbers.iter().copied().max();
-    let unchecked: Vec<u32> = numbers.iter().copied().filter(|&n| n < from).collect();
-    for &number in numbers.iter().filter(|&&n| n >= from) {
-        let path = journal_dir.join(super::journal::segment_file_name(number));
-        let shown = path.display().to_string();
-        let file = vfs
-            .open(&path, OpenMode::ReadWrite)
-            .map_err(|e| Error::io(format!("opening {shown}"), e))?;
-        let len = file
-            .len()
-            .map_err(|e| Error::io(format!("sizing {shown}"), e))?;
-        let mut header = vec![0u8; len.min(SEGMENT_HEADER_LEN) as usize];
-        file.read_exact_at(&mut header, 0)
-            .map_err(|e| Error::io(format!("reading {shown}"), e))?;
-        let reason = match seed_of(&header, number, &shown) {
-            Ok(seed) => {
-                lens.insert(number, len);
-                live.insert(
-                    number,
-                    Segment {
-                        file: keep(number, file),
-                        seed,
-                    },
-                );
-                continue;
-            }
-            // A newer format is refused whatever else is wrong (SPEC S10).
-            Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
-            Err(e) => e.to_string(),
-        };
-        // The newest segment's header is written and synced before any record goes into it:
-        // if nothing after the header could be a record, its creation was cut short.
-        if Some(number) == last && holds_nothing(&*file, len)? {
-            log::warn!("removing journal segment {number}, whose creation was cut short: {reason}");
-            drop(file);
-            vfs.remove(&path)
-                .map_err(|e| Error::io(format!("removing {shown}"), e))?;
-            vfs.sync_dir(journal_dir)
-                .map_err(|e| Error::io(format!("syncing {}", journal_dir.display()), e))?;
-            continue;
-        }
-        log::error!(
-            "journal segment {number} has a damaged header ({reason}); it is kept, and what it may hold is refused"
-        );
-        damaged.insert(number, DamagedSegment { reason });
-    }
-    Ok(Segments {
-        live,
-        damaged,
-        unchecked,
-        lens,
-        zero_end_check: true,
-    })
-}
-
-/// Whether nothing after a segment header could be a record: no bytes, or only zeros (an
-/// all-zero frame is invalid; a segment is preallocated with zeros before its header is
-/// written).
-fn holds_nothing(file: &dyn VfsFile, len: u64) -> Result<bool> {
-    if len <= SEGMENT_HEADER_LEN {
-        return Ok(true);
-    }
-    let mut w = Window::new(file, len);
-    let zeros = w
-        .zeros_from(SEGMENT_HEADER_LEN)
-        .map_err(|e| Error::io("reading a journal segment", e))?;
-    Ok(SEGMENT_HEADER_LEN + zeros == len)
-}
-
-/// Whether everything from `at` to the end of the segment is zeros: the preallocated space
-/// nothing was written to, where the segment's records end. Checked a buffer at a time.
-fn zeros_to_end(w: &mut Window, at: u64) -> io::Result<bool> {
-    Ok(at + w.zeros_from(at)? >= w.len())
-}
-
-/// Where the written bytes from `from` on end: just past the last non-zero byte (the
-/// preallocated zeros after it were never written).
-fn written_end(w: &mut Window, from: u64) -> io::Result<u64> {
-    let (mut at, mut end) = (from, from);
-    while at < w.len() {
-        at += w.zeros_from(at)?;
-        if at >= w.len() {
-            break;
-        }
-        let bytes = w.get(at, 4096)?;
-        at += bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len()) as u64;
-        end = at;
-    }
-    Ok(end)
-}
-
-enum Probe {
-    /// A valid record: its frame, partition name, previous-record location and total length.
-    Valid(format::Frame, Vec<u8>, Loc, u64),
-    /// A bad record (header or body).
-    Bad,
-}
-
-/// Checks the record at `at`: its frame, then its body's name against the frame's hash, then
-/// the body's checksum, read through the window (a body larger than it is checksummed piece
-/// by piece, never held whole).
-fn probe(w: &mut Window, at: u64, seed: u32) -> io::Result<Probe> {
-    let Some(frame) = decode_frame(seed, w.get(at, FRAME_LEN)?) else {
-        return Ok(Probe::Bad);
-    };
-    let body_at = at + FRAME_LEN as u64;
-    let body_len = frame.body_len as u64;
-    if body_at + body_len > w.len() {
-        return Ok(Probe::Bad);
-    }
-    let head = w.get(body_at, body_len.min(BODY_HEAD_MAX as u64) as usize)?;
-    let (name, prev) = match decode_body_head(head) {
-        Some((name, prev)) if partition_hash(name) == frame.partition_hash => (name.to_vec(), prev),
-        _ => return Ok(Probe::Bad),
-    };
-    if w.crc(body_at, body_len)? != Some(frame.body_crc) {
-        return Ok(Probe::Bad);
-    }
-    Ok(Probe::Valid(frame, name, prev, FRAME_LEN as u64 + body_len))
-}
-
-/// Finds the first valid record at or after `from` with an LSN above `after_lsn`.
-fn find_valid(
-    w: &mut Window,
-    from: u64,
-    seed: u32,
-    after_lsn: Option<u64>,
-) -> io::Result<Option<(u64, format::Frame)>> {
-    let mut at = from;
-    while at + FRAME_LEN as u64 <= w.len() {
-        // Cheap filter before the checksum: the LSN field must be plausible.
-        let f = w.get(at, FRAME_LEN)?;
-        if f[..8].iter().all(|&b| b == 0) {
-            // No frame starts where its length field (bytes 4..8) would be zero: skip a run
-            // of zeros (unwritten, preallocated space) at once, not byte by byte.
-            let zeros = w.zeros_from(at)?;
-            at = (at + zeros).saturating_sub(7).max(at + 1);
-            continue;
-        }
-        let lsn = u64::from_le_bytes(f[9..17].try_into().unwrap());
-        if after_lsn.is_none_or(|after| lsn > after && lsn - after < (1 << 32))
-            && let Probe::Valid(frame, ..) = probe(w, at, seed)?
-        {
-            return Ok(Some((at, frame)));
-        }
-        at += 1;
-    }
-    Ok(None)
-}
-
-/// Who a damaged record belonged to, when the evidence agrees: a header that still validates,
-/// or a body whose name hashes to the hash in the (unverified) header.
-struct Candidate {
-    hash: u64,
-    name: Option<Vec<u8>>,
-    /// Where the record claims to end (an offset in its segment).
-    end: u64,
-}
-
-fn attribute(w: &mut Window, at: u64, seed: u32) -> io::Result<Option<Candidate>> {
-    // The frame and the head of the body are all the evidence there is.
-    let bytes = w.get(at, FRAME_LEN + BODY_HEAD_MAX)?;
-    let body = bytes.get(FRAME_LEN..).unwrap_or(&[]);
-    let name_of = |hash: u64| {
-        decode_body_head(body)
-            .map(|(n, _)| n.to_vec())
-            .filter(|n| partition_hash(n) == hash)
-    };
-    if let Some(frame) = bytes.get(..FRAME_LEN).and_then(|h| decode_frame(seed, h)) {
-        return Ok(Some(Candidate {
-            hash: frame.partition_hash,
-            name: name_of(frame.partition_hash),
-            end: at + (FRAME_LEN + frame.body_len as usize) as u64,
-        }));
-    }
-    let field = |from: usize, to: usize| bytes.get(from..to);
-    let (Some(claimed), Some(body_len)) = (field(17, 25), field(4, 8)) else {
-        return Ok(None);
-    };
-    let claimed = u64::from_le_bytes(claimed.try_into().unwrap());
-    let body_len = u32::from_le_bytes(body_len.try_into().unwrap()) as usize;
-    Ok(name_of(claimed).map(|name| Candidate {
-        hash: claimed,
-        name: Some(name),
-        end: at + (FRAME_LEN + body_len) as u64,
-    }))
-}
+/// How many records not yet proven durable the scan marks one by one (16 bytes each); past
+/// that it rewrites more than it must, never less.
+const UNPROVEN_MARKS: usize = 4096;
 
 /// Scans the journal from `start` (segment, offset) and LSN `start_lsn` (None: accept the
 /// first valid record's LSN), updating the heads of `partitions`.
@@ -345,6 +112,7 @@ pub fn scan(
         unchecked,
         lens,
         zero_end_check,
+        proof_slack,
     } = segments;
     let mut ranges = Ranges::default();
     let mut records = Vec::new();
@@ -363,6 +131,17 @@ pub fn scan(
     let first = numbers.first().copied().unwrap_or(1);
     let (start_segment, start_offset) = start.unwrap_or((first, SEGMENT_HEADER_LEN));
     let mut end_of_tail = SEGMENT_HEADER_LEN;
+    // The newest LSN any scanned frame says was durable when it was framed: a process frames
+    // that only after a sync through it succeeded, so those records are on disk.
+    let mut claimed = 0u64;
+    // Records of the segment being scanned that no frame proved durable when they were read,
+    // as (LSN, offset): every one while there are fewer than `UNPROVEN_MARKS` (more only under
+    // the weaker sync policies, which sync seldom), then only one after a proven mark. The
+    // front is always at or before the first record not proven yet.
+    let mut unproven: VecDeque<(u64, u64)> = VecDeque::new();
+    let mut thinned = false;
+    // How far the segment last scanned is known to hold its records or zeros (checked).
+    let mut checked_end: Option<(u32, u64)> = None;
     // Where the last valid record ended: a damaged range starts there.
     let mut last_end = loc(start_segment, start_offset);
     let mut previous = start_segment.saturating_sub(1);
@@ -466,6 +245,9 @@ pub fn scan(
         let read = |e| Error::io(format!("reading segment {number}"), e);
         let mut w = Window::new(&*segment.file, len);
         let mut at = base;
+        // A later segment exists only once everything before it was synced.
+        unproven.clear();
+        thinned = false;
         // Every segment but the newest was synced before the next one was created.
         let is_last = Some(number) == numbers.last().copied();
         while at < len {
@@ -498,6 +280,19 @@ pub fn scan(
                     ends_at(&data_ends, end, Some(here))
                 });
                 ranges.judge(&name, frame.partition_hash, frame.kind, prev);
+                claimed = claimed.max(frame.synced_lsn.saturating_add(proof_slack));
+                if frame.lsn > claimed {
+                    if unproven.len() < UNPROVEN_MARKS
+                        || unproven.back().is_some_and(|&(l, _)| l <= claimed)
+                    {
+                        unproven.push_back((frame.lsn, at));
+                    } else {
+                        thinned = true;
+                    }
+                }
+                while unproven.get(1).is_some_and(|&(l, _)| l <= claimed + 1) {
+                    unproven.pop_front();
+                }
                 heads.insert(name.into_boxed_slice(), here);
                 expected = Some(frame.lsn + 1);
                 at += record_len;
@@ -516,6 +311,9 @@ pub fn scan(
             };
             if ends_here.map_err(read)? {
                 data_ends.insert(number, at);
+                if zero_end_check {
+                    checked_end = Some((number, len));
+                }
                 break;
             }
             let after = expected.map(|e| e.saturating_sub(1));
@@ -544,6 +342,7 @@ pub fn scan(
                     bytes_dropped: dropped,
                 });
                 end_of_tail = at;
+                checked_end = Some((number, at));
                 break 'segments;
             }
             let candidate = attribute(&mut w, at, segment.seed).map_err(read)?;
@@ -578,6 +377,9 @@ pub fn scan(
             }
         }
         end_of_tail = at;
+        if at == len {
+            checked_end = Some((number, len));
+        }
     }
     // The segment the heads snapshot points into, and everything after it, is gone.
     if start.is_some() && numbers.last().is_none_or(|&n| n < start_segment) {
@@ -629,8 +431,22 @@ pub fn scan(
     if open_at_end || newest != last_live {
         next_lsn += 1 << 20;
     }
+    let (mut unproven_from, mut prepared_end) = (None, 0);
     let (tail_segment, tail_seed, tail_offset) = match (newest, segments.iter().next_back()) {
-        (Some(n), Some((&l, s))) if n == l => (l, s.seed, end_of_tail.max(SEGMENT_HEADER_LEN)),
+        (Some(n), Some((&l, s))) if n == l => {
+            // A lone proven mark: every record after it was proven or marked, so none is
+            // left to prove.
+            let proven = |&(l, _): &(u64, u64)| l <= claimed;
+            if !(unproven.len() == 1 && !thinned && unproven.front().is_some_and(proven)) {
+                unproven_from = unproven.front().map(|&(_, at)| at);
+            }
+            if let Some((checked, end)) = checked_end
+                && checked == l
+            {
+                prepared_end = end;
+            }
+            (l, s.seed, end_of_tail.max(SEGMENT_HEADER_LEN))
+        }
         // Never a sealed segment older than the scan's start (when the segment the snapshot
         // points into is lost, the newest file left is one of those), and never the number of
         // a lost segment the snapshot's heads may point into.
@@ -655,6 +471,8 @@ pub fn scan(
             tail_seed,
             tail_offset,
             next_lsn,
+            unproven_from,
+            prepared_end,
         },
         heads,
         damage: ranges.damage,

@@ -57,6 +57,10 @@ pub enum SkipSync {
     /// (a sparse hole) instead of written as zeros and synced before records go into it, so a
     /// commit's sync into a fresh block also commits the block's allocation.
     ZeroFill,
+    /// Not a sync but open's bound on the tail it rewrites and syncs: with this switch open
+    /// takes one record more as proven durable than the frames prove, so a record that a
+    /// killed or failed sync left only in the page cache is served but never made durable.
+    ProofBound,
 }
 
 /// A [`Vfs`] that skips the chosen syncs of the store in `dir`.

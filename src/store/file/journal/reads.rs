@@ -1,0 +1,163 @@
+//! Reading the journal by location: values and records, verified against their checksums;
+//! damage answers `Corrupt`, never a retryable `Io` (SPEC S4).
+
+use super::super::format::{self, FRAME_LEN, Frame, Loc, ValueLoc, loc_offset, loc_segment};
+use super::super::vfs::VfsFile;
+use super::Journal;
+use crate::error::{Error, Result};
+
+impl Journal {
+    /// Reads `buf.len()` bytes at a location.
+    pub fn read_at(&self, at: Loc, buf: &mut [u8]) -> Result<()> {
+        let segment = loc_segment(at);
+        self.segment(segment)?
+            .file
+            .read_exact_at(buf, loc_offset(at))
+            .map_err(|e| Error::io(format!("reading journal segment {segment}"), e))
+    }
+
+    /// Reads a value and verifies its checksum.
+    /// Damage answers `Corrupt` naming the segment and the partition, never a retryable `Io`
+    /// (SPEC S4): a value past the end of a truncated segment, in a missing segment or one
+    /// whose header is damaged, or failing its checksum.
+    pub fn read_value(&self, v: &ValueLoc, partition: &dyn std::fmt::Display) -> Result<Vec<u8>> {
+        let damaged = |detail: &str| value_damage(v, partition, detail);
+        let mut buf = vec![0u8; v.len as usize];
+        match self.read_at(v.at, &mut buf) {
+            Ok(()) => {}
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(damaged("the segment ends before it (truncated)"));
+            }
+            Err(Error::Corrupt { detail, .. }) => return Err(damaged(&detail)),
+            Err(e) => return Err(e),
+        }
+        if crc32c::crc32c(&buf) != v.crc {
+            return Err(damaged("failed its checksum"));
+        }
+        Ok(buf)
+    }
+
+    /// Reads and verifies the record at `at`; returns its frame and body.
+    pub fn read_record(&self, at: Loc) -> Result<(Frame, Vec<u8>)> {
+        match self.read_record_start(at)? {
+            RecordStart::Whole(frame, body) => Ok((frame, body)),
+            RecordStart::Partial(frame, start) => self.finish_record(at, frame, start),
+        }
+    }
+
+    /// Reads the rest of the record at `at` whose frame and body start
+    /// [`Journal::read_record_start`] answered `Partial`, and verifies the whole body; returns
+    /// the frame and body like [`Journal::read_record`], without reading the start again.
+    pub fn finish_record(
+        &self,
+        at: Loc,
+        frame: Frame,
+        mut body: Vec<u8>,
+    ) -> Result<(Frame, Vec<u8>)> {
+        let segment = self.segment(loc_segment(at))?;
+        let got = body.len();
+        body.resize(frame.body_len as usize, 0);
+        segment
+            .file
+            .read_exact_at(&mut body[got..], loc_offset(at) + (FRAME_LEN + got) as u64)
+            .map_err(|e| record_read_error(at, e, "the segment ends inside the record"))?;
+        if format::body_crc(&body) != frame.body_crc {
+            return Err(record_damage(at, "record body failed its checksum"));
+        }
+        Ok((frame, body))
+    }
+
+    /// Reads the record at `at` with one read of a few KiB: the whole record, verified, when it
+    /// is that small; otherwise its verified frame and the start of its body (unverified).
+    /// Chain walks use it to follow a partition's links without holding large bodies.
+    pub fn read_record_start(&self, at: Loc) -> Result<RecordStart> {
+        let segment = self.segment(loc_segment(at))?;
+        let mut buf = vec![0u8; SPECULATIVE_READ];
+        let got = read_up_to(&*segment.file, &mut buf, loc_offset(at))
+            .map_err(|e| record_read_error(at, e, "record unreadable"))?;
+        if got < FRAME_LEN {
+            return Err(record_damage(at, "record header unreadable"));
+        }
+        let frame = format::decode_frame(segment.seed, &buf[..FRAME_LEN])
+            .ok_or_else(|| record_damage(at, "record header failed its checksum"))?;
+        let end = FRAME_LEN + frame.body_len as usize;
+        if end <= got {
+            buf.truncate(end);
+            buf.drain(..FRAME_LEN);
+            if format::body_crc(&buf) != frame.body_crc {
+                return Err(record_damage(at, "record body failed its checksum"));
+            }
+            Ok(RecordStart::Whole(frame, buf))
+        } else {
+            buf.truncate(got);
+            buf.drain(..FRAME_LEN);
+            Ok(RecordStart::Partial(frame, buf))
+        }
+    }
+}
+
+/// Bytes read at once when a record is fetched by location (frame plus a typical body).
+const SPECULATIVE_READ: usize = 4096;
+
+/// What one read at a record's location found (see [`Journal::read_record_start`]).
+pub enum RecordStart {
+    /// The whole record; its body passed its checksum.
+    Whole(Frame, Vec<u8>),
+    /// The frame (verified) and the first bytes of a longer body (not yet verified).
+    Partial(Frame, Vec<u8>),
+}
+
+/// Damage to a value: `Corrupt` naming the partition, the segment and the value's offset.
+pub fn value_damage(v: &ValueLoc, partition: &dyn std::fmt::Display, detail: &str) -> Error {
+    Error::corrupt(
+        format!("partition {partition}"),
+        format!(
+            "value at journal segment {} offset {}: {detail}",
+            loc_segment(v.at),
+            loc_offset(v.at)
+        ),
+    )
+}
+
+pub(super) fn record_damage(at: Loc, detail: &str) -> Error {
+    Error::corrupt(
+        format!(
+            "journal segment {} offset {}",
+            loc_segment(at),
+            loc_offset(at)
+        ),
+        detail.to_owned(),
+    )
+}
+
+/// A failed read of a record: a segment that ends too soon is damage (`Corrupt`, never a
+/// retryable `Io`: SPEC S4); any other I/O error stays `Io`, so a transient failure is not
+/// remembered as damage.
+fn record_read_error(at: Loc, e: std::io::Error, detail: &str) -> Error {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        record_damage(at, detail)
+    } else {
+        Error::io(
+            format!(
+                "reading journal segment {} offset {}",
+                loc_segment(at),
+                loc_offset(at)
+            ),
+            e,
+        )
+    }
+}
+
+/// Reads as much of `buf` as the file holds at `offset`; returns how many bytes were read.
+fn read_up_to(file: &dyn VfsFile, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
