@@ -198,7 +198,6 @@ pub trait Store: Send + Sync {
     /// # Ok(())
     /// # }
     /// ```
-    // A visitor of borrowed key and value slices, spelled out for implementors.
     #[allow(clippy::type_complexity)]
     fn scan_visit(
         &self,
