@@ -133,3 +133,39 @@ fn a_store_without_its_own_scan_visit_reads_logs_through_scan() {
         "{made} allocations for {RECORDS} records"
     );
 }
+
+/// Records in the chain a load walks in the test below: no base among them.
+const CHAIN: usize = 60;
+
+#[test]
+fn a_chain_walk_allocates_about_what_its_records_hold() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let p = Partition::new("e/logs/1").unwrap();
+    {
+        let store = FileStore::builder(dir.path())
+            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+            .base_every_records(1_000)
+            .open()
+            .unwrap();
+        for i in 0..CHAIN {
+            let b = Batch::new().put(format!("k{i:03}").into_bytes(), vec![i as u8; 150]);
+            assert!(store.apply(&p, &b).unwrap().is_committed());
+        }
+        store.close().unwrap();
+    }
+    let store = FileStore::builder(dir.path()).open().unwrap();
+    // A get of an absent key loads the index (walking every record) and reads no value.
+    let region = Region::new(GLOBAL);
+    assert_eq!(store.get(&p, b"absent").unwrap(), None);
+    let allocated = region.change().bytes_allocated;
+    // Each record's body (about 200 bytes) is kept for the reads that follow, with its key
+    // and bookkeeping, besides what any load allocates (about 68 KB here in all); a buffer of
+    // a speculative read's size per record (4 KiB) is not (that made it about 300 KB).
+    assert!(
+        allocated <= CHAIN * 2048,
+        "a load of {CHAIN} small records allocated {allocated} bytes"
+    );
+    assert_eq!(store.get(&p, b"k007").unwrap(), Some(vec![7u8; 150]));
+    store.close().unwrap();
+}

@@ -17,12 +17,13 @@
 use std::sync::atomic::Ordering;
 
 use super::format::Frame;
+use super::format::JournalOp;
 use super::format::{
     self, Content, FRAME_LEN, Loc, RecordKind, ValueLoc, decode_base_part_head, decode_body_head,
     loc_offset, loc_segment,
 };
 use super::journal::{Journal, RecordStart};
-use super::partition::{self, CommitState, Index, IndexOp, PartState};
+use super::partition::{self, CommitState, Index, PartState};
 use super::values::{RECENT_BODY_MAX, RECENT_BYTES, RecentRecords};
 use crate::error::{Error, Result};
 
@@ -83,16 +84,18 @@ pub fn write_base(
 }
 
 /// What one record of a walked chain does to the index.
-enum Effect {
+enum Effect<'a> {
     /// Base entries (a whole base, or one part of a run): inserted.
     Entries(Vec<(Vec<u8>, ValueLoc)>),
-    /// A batch's operations (keys and value locations only).
-    Ops(Vec<IndexOp>),
+    /// A batch's operations (keys and value locations only), applied as they are decoded.
+    Ops(Vec<JournalOp>, &'a [u8]),
 }
 
 enum Link {
-    /// A small record, decoded during the walk.
-    Decoded(Effect),
+    /// A small record, read whole and verified during the walk, decoded when it is applied
+    /// (so no decoded form is held between the walk and the forward pass); and whether its
+    /// body then goes to the cache of recent records.
+    Whole(Loc, RecordKind, Vec<u8>, bool),
     /// A larger record, read (whole, verified) when it is applied: the rest of it after the
     /// start the walk read and kept, or all of it again.
     Reread(Loc, Option<(Frame, Vec<u8>)>),
@@ -126,6 +129,10 @@ pub fn load_index(
     // Bytes of the starts of larger records kept for the forward pass (bounded: past it they
     // are read again).
     let mut kept_starts = 0usize;
+    // One buffer for every record's first read, and the size to ask for: the last record's,
+    // with room to spare (a partition's records tend to be alike), so small records are not
+    // read 4 KiB at a time.
+    let (mut scratch, mut guess) = (Vec::new(), usize::MAX);
     loop {
         if at == 0 {
             if run.is_some() {
@@ -133,14 +140,20 @@ pub fn load_index(
             }
             break;
         }
-        let start = journal.read_record_start(at).map_err(|e| match e {
-            Error::Corrupt { detail, what } => state.corrupt_error(&format!("{what}: {detail}")),
-            other => other,
-        })?;
+        let start = journal
+            .read_record_start_in(at, guess, &mut scratch)
+            .map_err(|e| match e {
+                Error::Corrupt { detail, what } => {
+                    state.corrupt_error(&format!("{what}: {detail}"))
+                }
+                other => other,
+            })?;
         let (frame, bytes, whole) = match start {
             RecordStart::Whole(frame, body) => (frame, body, true),
             RecordStart::Partial(frame, start) => (frame, start, false),
         };
+        let len = FRAME_LEN + frame.body_len as usize;
+        guess = len.saturating_add(len / 2).next_power_of_two();
         if frame.partition_hash != state.hash {
             return Err(corrupt(at, "a chain link belongs to another partition"));
         }
@@ -154,29 +167,30 @@ pub fn load_index(
         if frame.kind != RecordKind::Base && prev >= at {
             return Err(corrupt(at, "a chain link points forwards"));
         }
-        let mut link = |bytes: &[u8]| -> Result<Link> {
+        let mut link = |bytes: Vec<u8>, warm: bool| -> Link {
             if !whole {
                 let keep = kept_starts + bytes.len() <= RECENT_BYTES;
                 if keep {
                     kept_starts += bytes.len();
                 }
-                return Ok(Link::Reread(at, keep.then(|| (frame, bytes.to_vec()))));
+                return Link::Reread(at, keep.then_some((frame, bytes)));
             }
-            Ok(Link::Decoded(effect(state, at, frame.kind, bytes)?))
+            Link::Whole(at, frame.kind, bytes, warm)
         };
         match (frame.kind, run) {
             (RecordKind::Batch, None) => {
-                links.push(link(&bytes)?);
-                // Its values may be read next: keep the verified body (moved, not copied).
-                if whole && warm_bytes + bytes.len() <= RECENT_BYTES {
+                // Its values may be read next: its verified body goes to the cache once it is
+                // applied (moved, not copied).
+                let warm = whole && warm_bytes + bytes.len() <= RECENT_BYTES;
+                if warm {
                     warm_bytes += bytes.len();
-                    warm.push((at + FRAME_LEN as u64, bytes.into_boxed_slice()));
                 }
+                links.push(link(bytes, warm));
                 chain_len += 1;
                 at = prev;
             }
             (RecordKind::Base, None) => {
-                links.push(link(&bytes)?);
+                links.push(link(bytes, false));
                 chain_len += 1;
                 break;
             }
@@ -205,7 +219,7 @@ pub fn load_index(
                     }
                     _ => {}
                 }
-                links.push(link(&bytes)?);
+                links.push(link(bytes, false));
                 if part == 0 {
                     chain_len += 1;
                     break;
@@ -219,8 +233,13 @@ pub fn load_index(
 
     let mut index = Index::new();
     for link in links.into_iter().rev() {
-        let effect = match link {
-            Link::Decoded(effect) => effect,
+        match link {
+            Link::Whole(at, kind, body, keep) => {
+                apply(&mut index, effect(state, kind, &body)?, at);
+                if keep {
+                    warm.push((at + FRAME_LEN as u64, body.into_boxed_slice()));
+                }
+            }
             Link::Reread(at, start) => {
                 let read = match start {
                     Some((frame, start)) => journal.finish_record(at, frame, start),
@@ -232,7 +251,7 @@ pub fn load_index(
                     }
                     other => other,
                 })?;
-                let effect = effect(state, at, frame.kind, &body)?;
+                apply(&mut index, effect(state, frame.kind, &body)?, at);
                 // Its values are read next: keep the verified body too, so they are not read
                 // from the file a second time (moved, not copied).
                 if frame.kind == RecordKind::Batch
@@ -242,23 +261,6 @@ pub fn load_index(
                     warm_bytes += body.len();
                     warm.push((at + FRAME_LEN as u64, body.into_boxed_slice()));
                 }
-                effect
-            }
-        };
-        match effect {
-            // A base into an empty index (the usual case): built in one pass from its entries,
-            // which are in key order, instead of searching the tree for every key.
-            Effect::Entries(entries) if index.is_empty() => {
-                index = entries
-                    .into_iter()
-                    .map(|(k, v)| (k.into_boxed_slice(), v))
-                    .collect();
-            }
-            Effect::Entries(entries) => {
-                index.extend(entries.into_iter().map(|(k, v)| (k.into_boxed_slice(), v)))
-            }
-            Effect::Ops(ops) => {
-                partition::apply_to_index(&mut index, ops);
             }
         }
     }
@@ -269,8 +271,28 @@ pub fn load_index(
     Ok((index, chain_len))
 }
 
+/// Applies a record's effect to the index being built; the record's body starts after `at`.
+fn apply(index: &mut Index, effect: Effect, at: Loc) {
+    match effect {
+        // A base into an empty index (the usual case): built in one pass from its entries,
+        // which are in key order, instead of searching the tree for every key.
+        Effect::Entries(entries) if index.is_empty() => {
+            *index = entries
+                .into_iter()
+                .map(|(k, v)| (k.into_boxed_slice(), v))
+                .collect();
+        }
+        Effect::Entries(entries) => {
+            index.extend(entries.into_iter().map(|(k, v)| (k.into_boxed_slice(), v)))
+        }
+        Effect::Ops(ops, body) => {
+            partition::apply_to_index(index, partition::journal_ops_to_index(at, body, ops));
+        }
+    }
+}
+
 /// Decodes a verified record of the partition into its effect on the index; values stay on disk.
-fn effect(state: &PartState, at: Loc, kind: RecordKind, body: &[u8]) -> Result<Effect> {
+fn effect<'a>(state: &PartState, kind: RecordKind, body: &'a [u8]) -> Result<Effect<'a>> {
     let decoded = format::decode_body(kind, body)
         .map_err(|_| state.corrupt_error("a record in its chain is malformed"))?;
     if decoded.partition != state.name.as_bytes() {
@@ -278,7 +300,7 @@ fn effect(state: &PartState, at: Loc, kind: RecordKind, body: &[u8]) -> Result<E
     }
     Ok(match decoded.content {
         Content::Base(entries) | Content::BasePart { entries, .. } => Effect::Entries(entries),
-        Content::Batch(ops) => Effect::Ops(partition::journal_ops_to_index(at, body, ops)),
+        Content::Batch(ops) => Effect::Ops(ops, body),
     })
 }
 
@@ -306,6 +328,31 @@ mod tests {
         let warm = state.warm.load(Ordering::Relaxed);
         store.close().unwrap();
         warm
+    }
+
+    #[test]
+    fn a_walk_reads_records_longer_than_the_ones_before_them_whole() {
+        // Each record's first read is sized by the record before it in the walk (newest
+        // first): a record longer than that, within one speculative read or beyond it, and a
+        // short one after a long one are all read whole and applied.
+        let p = Partition::new("p").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let lens = [10usize, 3_000, 10, 20_000, 10, 10, 600, 10, 4_000, 10];
+        let store = FileStore::builder(dir.path())
+            .base_every_records(1_000)
+            .open()
+            .unwrap();
+        for (i, &len) in lens.iter().enumerate() {
+            let b = Batch::new().put(format!("k{i}").into_bytes(), vec![i as u8; len]);
+            assert!(store.apply(&p, &b).unwrap().is_committed());
+        }
+        store.close().unwrap();
+        let store = FileStore::builder(dir.path()).open().unwrap();
+        for (i, &len) in lens.iter().enumerate().rev() {
+            let got = store.get(&p, format!("k{i}").as_bytes()).unwrap();
+            assert_eq!(got, Some(vec![i as u8; len]), "key {i}");
+        }
+        store.close().unwrap();
     }
 
     #[test]

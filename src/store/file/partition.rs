@@ -196,26 +196,29 @@ impl From<PendingOp> for IndexOp {
     }
 }
 
-/// Converts a journaled batch at `record` into index operations.
-pub fn journal_ops_to_index(record: Loc, body: &[u8], ops: Vec<JournalOp>) -> Vec<IndexOp> {
+/// Converts a journaled batch at `record` into index operations, as they are applied (no
+/// buffer of operations per record).
+pub fn journal_ops_to_index(
+    record: Loc,
+    body: &[u8],
+    ops: Vec<JournalOp>,
+) -> impl Iterator<Item = IndexOp> + '_ {
     let body_at = record + FRAME_LEN as u64;
-    ops.into_iter()
-        .map(|op| match op {
-            JournalOp::Put(k, offset, len) => {
-                let value = &body[offset as usize..offset as usize + len as usize];
-                IndexOp::Put(
-                    k.into_boxed_slice(),
-                    ValueLoc {
-                        at: body_at + offset as u64,
-                        len,
-                        crc: crc32c::crc32c(value),
-                    },
-                )
-            }
-            JournalOp::Delete(k) => IndexOp::Delete(k.into_boxed_slice()),
-            JournalOp::DeleteRange(r) => IndexOp::DeleteRange(r),
-        })
-        .collect()
+    ops.into_iter().map(move |op| match op {
+        JournalOp::Put(k, offset, len) => {
+            let value = &body[offset as usize..offset as usize + len as usize];
+            IndexOp::Put(
+                k.into_boxed_slice(),
+                ValueLoc {
+                    at: body_at + offset as u64,
+                    len,
+                    crc: crc32c::crc32c(value),
+                },
+            )
+        }
+        JournalOp::Delete(k) => IndexOp::Delete(k.into_boxed_slice()),
+        JournalOp::DeleteRange(r) => IndexOp::DeleteRange(r),
+    })
 }
 
 pub fn head_of(state: &PartState) -> Loc {

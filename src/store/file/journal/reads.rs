@@ -69,35 +69,64 @@ impl Journal {
 
     /// Reads the record at `at` with one read of a few KiB: the whole record, verified, when it
     /// is that small; otherwise its verified frame and the start of its body (unverified).
-    /// Chain walks use it to follow a partition's links without holding large bodies.
     pub fn read_record_start(&self, at: Loc) -> Result<RecordStart> {
+        self.read_record_start_in(at, SPECULATIVE_READ, &mut Vec::new())
+    }
+
+    /// [`Journal::read_record_start`] for a chain walk, which follows a partition's links
+    /// without holding large bodies: reads `guess` bytes first (the size the walk expects,
+    /// usually its last record's), into `scratch`, a buffer the walk reuses from record to
+    /// record, so a record costs no zeroed buffer and the kernel copies little more than the
+    /// record. A record longer than the guess is read on up to [`SPECULATIVE_READ`] bytes with a
+    /// second read, so the answer is the same as with one read of that size: `Whole` for a
+    /// record that small, else the frame and the body's first bytes. The body is copied out
+    /// at its exact size.
+    pub fn read_record_start_in(
+        &self,
+        at: Loc,
+        guess: usize,
+        scratch: &mut Vec<u8>,
+    ) -> Result<RecordStart> {
         let segment = self.segment(loc_segment(at))?;
-        let mut buf = vec![0u8; SPECULATIVE_READ];
-        let got = read_up_to(&*segment.file, &mut buf, loc_offset(at))
+        if scratch.len() < SPECULATIVE_READ {
+            // Zeroed once per walk, not once per record.
+            scratch.resize(SPECULATIVE_READ, 0);
+        }
+        let want = guess.clamp(MIN_GUESS, SPECULATIVE_READ);
+        let offset = loc_offset(at);
+        let mut got = read_up_to(&*segment.file, &mut scratch[..want], offset)
             .map_err(|e| record_read_error(at, e, "record unreadable"))?;
         if got < FRAME_LEN {
             return Err(record_damage(at, "record header unreadable"));
         }
-        let frame = format::decode_frame(segment.seed, &buf[..FRAME_LEN])
+        let frame = format::decode_frame(segment.seed, &scratch[..FRAME_LEN])
             .ok_or_else(|| record_damage(at, "record header failed its checksum"))?;
         let end = FRAME_LEN + frame.body_len as usize;
+        if end > got && got == want && want < SPECULATIVE_READ {
+            // Longer than guessed: read on as far as one speculative read would have.
+            let upto = end.min(SPECULATIVE_READ);
+            got += read_up_to(&*segment.file, &mut scratch[got..upto], offset + got as u64)
+                .map_err(|e| record_read_error(at, e, "record unreadable"))?;
+        }
         if end <= got {
-            buf.truncate(end);
-            buf.drain(..FRAME_LEN);
-            if format::body_crc(&buf) != frame.body_crc {
+            let body = &scratch[FRAME_LEN..end];
+            if format::body_crc(body) != frame.body_crc {
                 return Err(record_damage(at, "record body failed its checksum"));
             }
-            Ok(RecordStart::Whole(frame, buf))
+            Ok(RecordStart::Whole(frame, body.to_vec()))
         } else {
-            buf.truncate(got);
-            buf.drain(..FRAME_LEN);
-            Ok(RecordStart::Partial(frame, buf))
+            Ok(RecordStart::Partial(
+                frame,
+                scratch[FRAME_LEN..got].to_vec(),
+            ))
         }
     }
 }
 
 /// Bytes read at once when a record is fetched by location (frame plus a typical body).
 const SPECULATIVE_READ: usize = 4096;
+/// Fewest bytes a chain walk's first read of a record asks for: a frame and a small body.
+const MIN_GUESS: usize = 512;
 
 /// What one read at a record's location found (see [`Journal::read_record_start`]).
 pub enum RecordStart {
