@@ -47,11 +47,13 @@ use super::{SNAPSHOT_MAGIC, container};
 use crate::error::{Error, Result};
 
 mod index;
+mod page;
 #[cfg(test)]
 mod tests;
 mod writer;
 
 use index::{Index, Names, Paged};
+use page::Page;
 pub use writer::write;
 #[cfg(feature = "test-hooks")]
 pub use writer::write_version_2;
@@ -328,46 +330,6 @@ pub fn verify(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Position>>
         }
     }
     Ok(Some(opened.position))
-}
-
-/// A page read and verified: its bytes and where each entry's name starts, in name order (no
-/// allocation per entry: a first touch reads one page).
-struct Page {
-    buf: Vec<u8>,
-    names: Vec<(u16, u8)>,
-}
-
-impl Page {
-    fn len(&self) -> usize {
-        self.names.len()
-    }
-
-    fn entry(&self, i: usize) -> (&[u8], Loc) {
-        let (at, len) = (self.names[i].0 as usize, self.names[i].1 as usize);
-        let head = &self.buf[at + len..at + len + 8];
-        (
-            &self.buf[at..at + len],
-            u64::from_le_bytes(head.try_into().expect("8 bytes")),
-        )
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (&[u8], Loc)> {
-        (0..self.len()).map(|i| self.entry(i))
-    }
-
-    fn find(&self, name: &[u8]) -> Option<Loc> {
-        let (mut lo, mut hi) = (0, self.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            let (n, head) = self.entry(mid);
-            match n.cmp(name) {
-                std::cmp::Ordering::Less => lo = mid + 1,
-                std::cmp::Ordering::Greater => hi = mid,
-                std::cmp::Ordering::Equal => return Some(head),
-            }
-        }
-        None
-    }
 }
 
 impl Pages {
