@@ -10,7 +10,11 @@
 //! cargo run --release --example open_syscalls -- fill big DIR      # 16,384 x 16 x 4096 B
 //! cargo run --release --example open_syscalls -- fill crash DIR    # 8,192 x 16 x 4096 B, then a writer that never closes
 //! strace -f target/release/examples/open_syscalls open DIR ENTITY SEQ
+//! strace -f target/release/examples/open_syscalls open DIR ENTITY 0 100  # the whole history
 //! ```
+//!
+//! A fourth argument reads that many records from `SEQ` on in one `read_log` page (the peers'
+//! time to first answer reads an entity's whole history).
 //!
 //! `fill crash` ends the process without closing the store after 100 durable single-record
 //! appends to entity 1,000,000, as a writer killed with SIGKILL would; read its record 99.
@@ -49,7 +53,7 @@ fn fill(kind: &str, dir: &str) -> R<()> {
     Ok(())
 }
 
-fn open(dir: &str, entity: u64, seq: u64) -> R<()> {
+fn open(dir: &str, entity: u64, seq: u64, limit: usize) -> R<()> {
     let started = Instant::now();
     let store = FileStore::builder(dir)
         .sync_policy(SyncPolicy::SyncEveryCommit)
@@ -57,11 +61,14 @@ fn open(dir: &str, entity: u64, seq: u64) -> R<()> {
     let opened = started.elapsed();
     // Markers between the phases in a system-call trace.
     eprintln!("-- opened");
-    let page = log::read_log(&store, &partition(entity)?, seq + 1, 1)?;
+    let page = log::read_log(&store, &partition(entity)?, seq + 1, limit)?;
     let took = started.elapsed();
     eprintln!("-- read");
-    let got = page.records.first().map(|r| r.payload.len());
-    println!("opened in {opened:?}, open and read in {took:?}, record of {got:?} bytes");
+    let got: usize = page.records.iter().map(|r| r.payload.len()).sum();
+    println!(
+        "opened in {opened:?}, open and read in {took:?}, {} records of {got} bytes",
+        page.records.len()
+    );
     store.close()?;
     Ok(())
 }
@@ -71,7 +78,8 @@ fn main() -> R<()> {
     let num = |i: usize| -> R<u64> { Ok(args.get(i).ok_or("missing argument")?.parse()?) };
     match args.first().map(String::as_str) {
         Some("fill") if args.len() == 3 => fill(&args[1], &args[2]),
-        Some("open") if args.len() == 4 => open(&args[1], num(2)?, num(3)?),
-        _ => Err("usage: fill logs|big|crash DIR | open DIR ENTITY SEQ".into()),
+        Some("open") if args.len() == 4 => open(&args[1], num(2)?, num(3)?, 1),
+        Some("open") if args.len() == 5 => open(&args[1], num(2)?, num(3)?, num(4)? as usize),
+        _ => Err("usage: fill logs|big|crash DIR | open DIR ENTITY SEQ [LIMIT]".into()),
     }
 }

@@ -108,6 +108,11 @@ fn open_reads_the_page_index_not_every_head() {
         "open read {} snapshot bytes for {PARTITIONS} partitions",
         report.snapshot_bytes
     );
+    // With one index page, open reads it with the meta: a page at most, never every head.
+    assert!(
+        report.snapshot_index_bytes <= SNAPSHOT_PAGE_LEN as u64,
+        "{report:?}"
+    );
     assert_eq!(store.stats().partitions_loaded, 0);
     check(&store, &model);
 }

@@ -18,6 +18,8 @@ use crate::error::{Error, Result};
 
 const ENVELOPE_LEN: usize = PREAMBLE_LEN + 8;
 const ENVELOPE_V1_LEN: usize = 20;
+/// Files up to this length are read whole, in one call.
+const WHOLE_READ: u64 = 4096;
 
 /// Writes `value` to `dir/name` atomically.
 pub fn write_atomic<T: Serialize>(
@@ -80,10 +82,25 @@ pub fn read(vfs: &dyn Vfs, dir: &Path, name: &str, magic: &[u8; 8]) -> Result<Op
         .len()
         .map_err(|e| Error::io(format!("reading {shown}"), e))?;
     let corrupt = |detail: &str| Error::corrupt(shown.clone(), detail.to_owned());
+    // A file of a page or less (the manifest) is read in one call; the checks below are the
+    // same whichever way it was read.
+    let whole = match len <= WHOLE_READ {
+        true => {
+            let mut all = vec![0u8; len as usize];
+            file.read_exact_at(&mut all, 0)
+                .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+            Some(all)
+        }
+        false => None,
+    };
     let mut head = [0u8; ENVELOPE_LEN];
     let head_len = (len as usize).min(ENVELOPE_LEN);
-    file.read_exact_at(&mut head[..head_len], 0)
-        .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+    match &whole {
+        Some(all) => head[..head_len].copy_from_slice(&all[..head_len]),
+        None => file
+            .read_exact_at(&mut head[..head_len], 0)
+            .map_err(|e| Error::io(format!("reading {shown}"), e))?,
+    }
     let version = format::read_preamble(&head[..head_len], magic, &shown)?;
     let envelope_len = if version == 1 {
         ENVELOPE_V1_LEN
@@ -98,9 +115,15 @@ pub fn read(vfs: &dyn Vfs, dir: &Path, name: &str, magic: &[u8; 8]) -> Result<Op
     if body_len != len - envelope_len as u64 {
         return Err(corrupt("length does not match the file size"));
     }
-    let mut body = vec![0u8; body_len as usize];
-    file.read_exact_at(&mut body, envelope_len as u64)
-        .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+    let body = match whole {
+        Some(mut all) => all.split_off(envelope_len),
+        None => {
+            let mut body = vec![0u8; body_len as usize];
+            file.read_exact_at(&mut body, envelope_len as u64)
+                .map_err(|e| Error::io(format!("reading {shown}"), e))?;
+            body
+        }
+    };
     if crc32c::crc32c(&body) != u32::from_le_bytes(fields[4..8].try_into().unwrap()) {
         return Err(corrupt("checksum mismatch"));
     }
@@ -110,4 +133,32 @@ pub fn read(vfs: &dyn Vfs, dir: &Path, name: &str, magic: &[u8; 8]) -> Result<Op
         len,
         path: shown,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::super::fault::FaultFs;
+    use super::{read, write_atomic};
+
+    /// A small file (the manifest) is read in one call, not its envelope then its body: open
+    /// pays for each read (issue 13).
+    #[test]
+    fn a_small_file_is_read_in_one_call() {
+        let fs = FaultFs::new();
+        let dir = Path::new("/");
+        write_atomic(&fs, dir, "small", b"TESTFILE", &vec![7u8; 100]).unwrap();
+        let before = fs.ops();
+        let env = read(&fs, dir, "small", b"TESTFILE").unwrap().unwrap();
+        assert_eq!(env.decode::<Vec<u8>>().unwrap(), vec![7u8; 100]);
+        // Open, size, one read.
+        assert_eq!(fs.ops() - before, 3);
+        // A larger one still reads its envelope first, then its body.
+        write_atomic(&fs, dir, "large", b"TESTFILE", &vec![7u8; 8192]).unwrap();
+        let before = fs.ops();
+        let env = read(&fs, dir, "large", b"TESTFILE").unwrap().unwrap();
+        assert_eq!(env.decode::<Vec<u8>>().unwrap().len(), 8192);
+        assert_eq!(fs.ops() - before, 4);
+    }
 }

@@ -16,8 +16,9 @@
 //! | meta   | meta length          | postcard: journal position, damage, garbage estimate, partition count, the index's root |
 //!
 //! Open reads the header and the meta: with the index paged, a few dozen bytes whatever the
-//! number of partitions; it never reads a page. A first touch reads one index page (kept) and
-//! one data page. A page is verified when read; a damaged data page refuses exactly the names
+//! number of partitions, and, when the index is one page (it lies just before the meta), that
+//! page in the same read; it never reads a data page. A first touch reads the index page if
+//! open did not (kept) and one data page; the data page read last is kept too. A page is verified when read; a damaged data page refuses exactly the names
 //! it could hold (from its first name up to the next page's), a damaged index page the names
 //! of every data page it names, and either is remembered, so the store stops writing
 //! snapshots that would have to copy it and the next open rebuilds the heads from the journal.
@@ -46,11 +47,13 @@ use super::{SNAPSHOT_MAGIC, container};
 use crate::error::{Error, Result};
 
 mod index;
+mod page;
 #[cfg(test)]
 mod tests;
 mod writer;
 
 use index::{Index, Names, Paged};
+use page::Page;
 pub use writer::write;
 #[cfg(feature = "test-hooks")]
 pub use writer::write_version_2;
@@ -122,8 +125,10 @@ struct WholeV1 {
 /// What open reads of a snapshot.
 pub struct Opened {
     pub position: Position,
-    /// Bytes read.
+    /// Bytes of the header and the meta read.
     pub bytes: u64,
+    /// Bytes of index pages read with the meta (not verified yet).
+    pub index_bytes: u64,
     pub heads: Heads,
 }
 
@@ -145,9 +150,16 @@ pub struct Pages {
     damaged: Mutex<BTreeMap<u32, String>>,
     /// Index pages found damaged, with what was found.
     damaged_index: Mutex<BTreeMap<u32, String>>,
+    /// The data page read last, verified: partitions are usually touched in name order (a
+    /// read of every history, a restore), so the next lookup mostly hits it and costs no read,
+    /// checksum or decode. One page, so memory stays bounded (SPEC S8).
+    last: Mutex<Option<(u32, Arc<Page>)>>,
     /// Test-only negative control: pages are used without checking their checksum.
     #[cfg(feature = "test-hooks")]
     pub unchecked: AtomicBool,
+    /// Test-only negative control: the page read last is not kept.
+    #[cfg(feature = "test-hooks")]
+    pub uncached: AtomicBool,
 }
 
 impl std::fmt::Debug for Pages {
@@ -205,8 +217,19 @@ pub fn open(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
     if page_len < 512 || meta_at + meta_len != len || index_pages > pages {
         return Err(corrupt("length does not match the file size"));
     }
-    let mut body = vec![0u8; meta_len as usize];
-    file.read_exact_at(&mut body, meta_at).map_err(io)?;
+    // A single index page lies just before the meta: read both at once, so the first lookup
+    // reads only its data page (a cold first answer costs its random reads). The page is kept
+    // as read and verified on its first use, as any index page; open stays one page at most
+    // whatever the number of partitions (SPEC S5).
+    let prefetch = if !flat && index_pages == 1 {
+        page_len
+    } else {
+        0
+    };
+    let mut body = vec![0u8; prefetch + meta_len as usize];
+    file.read_exact_at(&mut body, meta_at - prefetch as u64)
+        .map_err(io)?;
+    let index_page: Vec<u8> = body.drain(..prefetch).collect();
     if crc32c::crc32c(&body) != meta_crc {
         return Err(corrupt("checksum mismatch in the page index"));
     }
@@ -221,9 +244,12 @@ pub fn open(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
     } else {
         let meta: Meta = postcard::from_bytes(&body).map_err(undecodable)?;
         let data_pages = pages - index_pages;
-        let paged = Paged::new(file.clone(), page_len, data_pages, meta.root, meta.starts)
+        let mut paged = Paged::new(file.clone(), page_len, data_pages, meta.root, meta.starts)
             .filter(|p| p.starts.len() as u32 == index_pages)
             .ok_or_else(mismatch)?;
+        if prefetch > 0 {
+            paged.prefetched(0, index_page);
+        }
         (
             meta.position,
             meta.partitions,
@@ -234,6 +260,7 @@ pub fn open(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
     Ok(Some(Opened {
         position,
         bytes: header_len as u64 + meta_len,
+        index_bytes: prefetch as u64,
         heads: Heads::Paged(Pages {
             file,
             shown: shown_path,
@@ -242,8 +269,11 @@ pub fn open(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
             index,
             damaged: Mutex::new(BTreeMap::new()),
             damaged_index: Mutex::new(BTreeMap::new()),
+            last: Mutex::new(None),
             #[cfg(feature = "test-hooks")]
             unchecked: AtomicBool::new(false),
+            #[cfg(feature = "test-hooks")]
+            uncached: AtomicBool::new(false),
         }),
     }))
 }
@@ -274,6 +304,7 @@ fn read_whole(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
             garbage_bytes: whole.garbage_bytes,
         },
         bytes: env.len,
+        index_bytes: 0,
         heads: Heads::Listed(whole.heads),
     }))
 }
@@ -299,46 +330,6 @@ pub fn verify(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Position>>
         }
     }
     Ok(Some(opened.position))
-}
-
-/// A page read and verified: its bytes and where each entry's name starts, in name order (no
-/// allocation per entry: a first touch reads one page).
-struct Page {
-    buf: Vec<u8>,
-    names: Vec<(u16, u8)>,
-}
-
-impl Page {
-    fn len(&self) -> usize {
-        self.names.len()
-    }
-
-    fn entry(&self, i: usize) -> (&[u8], Loc) {
-        let (at, len) = (self.names[i].0 as usize, self.names[i].1 as usize);
-        let head = &self.buf[at + len..at + len + 8];
-        (
-            &self.buf[at..at + len],
-            u64::from_le_bytes(head.try_into().expect("8 bytes")),
-        )
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (&[u8], Loc)> {
-        (0..self.len()).map(|i| self.entry(i))
-    }
-
-    fn find(&self, name: &[u8]) -> Option<Loc> {
-        let (mut lo, mut hi) = (0, self.len());
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            let (n, head) = self.entry(mid);
-            match n.cmp(name) {
-                std::cmp::Ordering::Less => lo = mid + 1,
-                std::cmp::Ordering::Greater => hi = mid,
-                std::cmp::Ordering::Equal => return Some(head),
-            }
-        }
-        None
-    }
 }
 
 impl Pages {
@@ -423,8 +414,12 @@ impl Pages {
         )
     }
 
-    /// Reads and verifies one page. A damaged page is remembered and refused.
-    fn read_page(&self, page: u32) -> Result<Page> {
+    /// Reads and verifies one page, or takes the one read last. A damaged page is remembered
+    /// and refused.
+    fn read_page(&self, page: u32) -> Result<Arc<Page>> {
+        if let Some((_, cached)) = self.last.lock().as_ref().filter(|(p, _)| *p == page) {
+            return Ok(cached.clone());
+        }
         if let Some(found) = self.damaged.lock().get(&page) {
             return Err(self.refusal(page, found));
         }
@@ -435,7 +430,15 @@ impl Pages {
             .read_exact_at(&mut buf, at)
             .map_err(|e| Error::io(format!("reading {} page {page}", self.shown), e))?;
         match self.decode_page(page, &buf, first) {
-            Some(names) => Ok(Page { buf, names }),
+            Some(names) => {
+                let read = Arc::new(Page { buf, names });
+                #[cfg(feature = "test-hooks")]
+                if self.uncached.load(Ordering::Relaxed) {
+                    return Ok(read);
+                }
+                *self.last.lock() = Some((page, read.clone()));
+                Ok(read)
+            }
             None => {
                 let found = "checksum mismatch or undecodable entries".to_owned();
                 log::error!(
@@ -487,7 +490,7 @@ impl Pages {
     /// Whether each of `names` (sorted) is in the snapshot, reading each page at most once.
     /// A damaged page answers true for the names it could hold (they are refused anyway).
     pub fn contains_sorted(&self, names: &[&[u8]]) -> Vec<bool> {
-        let mut cached: Option<(u32, Result<Page>)> = None;
+        let mut cached: Option<(u32, Result<Arc<Page>>)> = None;
         names
             .iter()
             .map(|name| {
@@ -530,7 +533,7 @@ impl Pages {
     }
 
     /// Every entry, page by page (writing the next snapshot).
-    fn pages(&self) -> impl Iterator<Item = Result<Page>> + '_ {
+    fn pages(&self) -> impl Iterator<Item = Result<Arc<Page>>> + '_ {
         (0..self.page_count()).map(|page| self.read_page(page))
     }
 

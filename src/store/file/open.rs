@@ -33,8 +33,12 @@ pub struct OpenReport {
     pub elapsed: Duration,
     /// Whether the directory held no store and one was created.
     pub created: bool,
-    /// Bytes of heads snapshot read.
+    /// Bytes of the heads snapshot's header and meta read.
     pub snapshot_bytes: u64,
+    /// Bytes of the heads snapshot's index read with its meta: its one index page when it has
+    /// only one (up to a page, whatever the number of partitions), so a first touch reads
+    /// only a data page.
+    pub snapshot_index_bytes: u64,
     /// Whether the store had to be rebuilt by scanning the whole journal (the snapshot or the
     /// manifest was missing or unreadable).
     pub rebuilt_by_full_scan: bool,
@@ -137,6 +141,7 @@ impl FileStore {
             Some(name) => match heads::open(&*vfs, &dir, &name) {
                 Ok(Some(snap)) => {
                     report.snapshot_bytes = snap.bytes;
+                    report.snapshot_index_bytes = snap.index_bytes;
                     let position = snap.position;
                     start = Some((position.segment, position.offset, position.next_lsn));
                     garbage = position.garbage_bytes;

@@ -15,6 +15,8 @@
 
 use std::sync::{Arc, OnceLock};
 
+use parking_lot::Mutex;
+
 use super::{PAGES_AT, Pages, VfsFile, shown};
 use crate::error::Error;
 
@@ -86,6 +88,8 @@ pub(super) struct Paged {
     /// The first data page each index page names.
     pub starts: Vec<u32>,
     loaded: Vec<OnceLock<IndexPage>>,
+    /// An index page open read with the meta, not verified yet: taken by its first use.
+    prefetched: Mutex<Option<(usize, Vec<u8>)>>,
 }
 
 /// An index page read and verified: its bytes and where each entry's name is.
@@ -132,7 +136,15 @@ impl Paged {
             root,
             starts,
             loaded,
+            prefetched: Mutex::new(None),
         })
+    }
+
+    /// Index page `j` as open read it with the meta, to be verified on its first use.
+    pub fn prefetched(&mut self, j: usize, buf: Vec<u8>) {
+        if buf.len() == self.page_len && j < self.starts.len() {
+            *self.prefetched.get_mut() = Some((j, buf));
+        }
     }
 
     /// Whether index page `j` was read (a damaged one never is).
@@ -185,12 +197,19 @@ impl Paged {
         if let Some(ip) = self.loaded[j].get() {
             return Ok(ip);
         }
-        let mut buf = vec![0u8; self.page_len];
         let number = self.data_pages + j as u32;
-        let at = PAGES_AT + number as u64 * self.page_len as u64;
-        self.file
-            .read_exact_at(&mut buf, at)
-            .map_err(Unusable::Io)?;
+        let prefetched = self.prefetched.lock().take_if(|(p, _)| *p == j);
+        let buf = match prefetched {
+            Some((_, buf)) => buf,
+            None => {
+                let mut buf = vec![0u8; self.page_len];
+                let at = PAGES_AT + number as u64 * self.page_len as u64;
+                self.file
+                    .read_exact_at(&mut buf, at)
+                    .map_err(Unusable::Io)?;
+                buf
+            }
+        };
         let names = self
             .decode(j, number, &buf, checked)
             .ok_or(Unusable::Damaged)?;

@@ -220,3 +220,77 @@ fn an_index_page_count_that_does_not_match_the_root_is_damage() {
         Err(Error::Corrupt { .. })
     ));
 }
+
+/// Lookups in name order read each data page once: the page read last is kept, verified, and
+/// the next lookup on it costs no read (issue 13: a read of every history looked each
+/// partition's head up with a page read, a checksum and a decode).
+#[cfg(feature = "test-hooks")]
+#[test]
+fn lookups_on_the_page_read_last_do_not_read_it_again() {
+    use std::sync::atomic::Ordering;
+    let fs = FaultFs::new();
+    let pages = written(&fs);
+    // 62 entries a data page: entries 0 and 1 share page 0, entry 100 is on page 1.
+    let reads = |name: &[u8]| {
+        let before = fs.ops();
+        assert!(pages.lookup(name).unwrap().is_some());
+        fs.ops() - before
+    };
+    assert!(reads(&name(0)) >= 1, "the first lookup read nothing");
+    assert_eq!(reads(&name(2)), 0, "the page read last was read again");
+    assert_eq!(reads(&name(200)), 1, "another page was not read");
+    assert_eq!(reads(&name(202)), 0);
+    // Every answer is the same with the kept page.
+    check(&pages, N);
+    // Negative control: without the kept page, every lookup reads its page.
+    pages.uncached.store(true, Ordering::Relaxed);
+    *pages.last.lock() = None;
+    assert_eq!(reads(&name(0)), 1);
+    assert_eq!(reads(&name(2)), 1, "a lookup did not read its page");
+}
+
+/// A snapshot with one index page: open reads it with the meta, in one read, and the first
+/// lookup reads only its data page (issue 13: a cold first answer costs its random reads). It
+/// is still verified on its first use: damaged, it refuses its span then, not at open.
+#[test]
+fn a_single_index_page_is_read_with_the_meta() {
+    let fs = FaultFs::new();
+    write(
+        &fs,
+        Path::new("/"),
+        "snap",
+        &Position::default(),
+        None,
+        &entries(500),
+    )
+    .unwrap();
+    let before = fs.ops();
+    let snap = open(&fs, Path::new("/"), "snap").unwrap().unwrap();
+    // Open, size, header, header and meta: the index page costs no read of its own.
+    let open_ops = fs.ops() - before;
+    assert_eq!(snap.index_bytes, PAGE_LEN as u64);
+    assert!(
+        snap.bytes < 1_000,
+        "{} bytes of header and meta",
+        snap.bytes
+    );
+    let Heads::Paged(pages) = snap.heads else {
+        panic!("a paged snapshot read whole")
+    };
+    let before = fs.ops();
+    assert_eq!(pages.lookup(&name(0)).unwrap(), Some(1));
+    assert_eq!(fs.ops() - before, 1, "the first lookup read the index page");
+    assert!(open_ops <= 4, "{open_ops} operations to open");
+    check(&pages, 500);
+
+    // Damaged, the index page is refused on first use, as when it is read then.
+    let j = index_page_at(&fs, "snap", 0);
+    let path = Path::new("/snap");
+    let mut bytes = fs.read_file(path).unwrap();
+    bytes[j + 100] ^= 0x40;
+    fs.write_file(path, bytes).unwrap();
+    let pages = opened(&fs, "snap");
+    assert!(pages.lookup(&name(0)).is_err());
+    assert!(pages.any_damaged());
+    assert!(pages.describe_damage()[0].contains("index page 0"));
+}

@@ -7,6 +7,7 @@
 //! layout is [`super`]'s.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use super::index::INDEX_HEAD;
 use super::{
@@ -69,7 +70,7 @@ fn write_as(
         first: Names::default(),
     };
     let mut changed = changed.iter().peekable();
-    let base_pages: Box<dyn Iterator<Item = Result<Page>>> = match base {
+    let base_pages: Box<dyn Iterator<Item = Result<Arc<Page>>>> = match base {
         Some(base) => Box::new(base.pages()),
         None => Box::new(std::iter::empty()),
     };
