@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use common::engine::{
     TestEngine, TestMachine, TestStore, builder, contained, crashed_with, entity,
-    leave_an_unsettled_write, one_entity, payloads, recs, until, within, writes_deferral,
+    leave_an_unsettled_write, one_entity, owner_builder, payloads, recs, revoke_to_complete, until,
+    within, writes_deferral,
 };
 use crossbeam::channel;
 use parking_lot::Mutex;
@@ -134,6 +135,104 @@ fn r10_an_explicit_passivation_under_a_budget_frees_the_slot_at_once() {
 #[test]
 fn r10_negative_control_a_ring_entry_left_in_place_keeps_the_slot() {
     assert_eq!(slots_after_a_passivation_under_a_budget(true), 4);
+}
+
+/// Under a budget of 4, four entities restored and one of them contained (its write refused):
+/// answers the slots in the registry right after its release, then checks the budget still
+/// keeps at most 4 resident as more entities are touched (the ring lost no resident entry).
+fn slots_after_a_release_under_a_budget(unlist_skipped: bool) -> u64 {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store)
+        .max_resident_entities(4)
+        .register_on_first_write(true)
+        .open()
+        .unwrap();
+    engine.set_unlist_skipped_for_test(unlist_skipped);
+    for i in 0..4 {
+        engine.append(&entity(i), recs(&["a"])).unwrap();
+    }
+    let err = engine.append(&entity(1), recs(&["!refuse"])).unwrap_err();
+    assert!(matches!(err, Error::Contained { .. }), "{err}");
+    assert_eq!(slots(&engine), 4);
+    assert!(engine.release(&entity(1)).unwrap());
+    let after = slots(&engine);
+    // Its next unit meets the refused record again and contains it again (SPEC R4).
+    let err = engine.read(&entity(1), |_| ()).unwrap_err();
+    assert!(matches!(err, Error::Contained { .. }), "{err}");
+    assert_eq!(machine.units_of(&entity(1)), 2);
+    for i in 4..12 {
+        engine.append(&entity(i), recs(&["b"])).unwrap();
+        assert!(engine.stats().passivation.resident <= 4, "after entity {i}");
+    }
+    for i in (0..12).filter(|&i| i != 1) {
+        let want = if i < 4 { recs(&["a"]) } else { recs(&["b"]) };
+        assert_eq!(payloads(&engine, &entity(i)).unwrap(), want, "entity {i}");
+        assert!(engine.stats().passivation.resident <= 4, "reading {i}");
+    }
+    after
+}
+
+/// SPEC R4, R10: a released entity is pending and idle, so its slot leaves the registry at
+/// once, also under a budget (whose ring used to keep a reference to the slot of a contained
+/// entity until a walk or the ring's compaction reached its entry).
+#[test]
+fn r10_a_release_under_a_budget_frees_the_slot_at_once() {
+    assert_eq!(slots_after_a_release_under_a_budget(false), 3);
+}
+
+/// Negative control: with the ring's entry left in place the released slot stays.
+#[test]
+fn r10_negative_control_a_released_entry_left_in_the_ring_keeps_the_slot() {
+    assert_eq!(slots_after_a_release_under_a_budget(true), 4);
+}
+
+/// Under a budget of 4, an owner restores four entities of one namespace, bumps its epoch and
+/// adopts it again (so their state may be stale and is dropped): answers the slots in the
+/// registry right after, then checks each restores afresh and the budget still holds.
+fn slots_after_a_readoption_under_a_budget(unlist_skipped: bool) -> u64 {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let engine = owner_builder(&machine, &store, "a")
+        .max_resident_entities(4)
+        .open()
+        .unwrap();
+    engine.set_unlist_skipped_for_test(unlist_skipped);
+    let ns = entity(0).namespace().clone();
+    assert_eq!(engine.own(&ns).unwrap(), 0);
+    for i in 0..4 {
+        engine.register(&entity(i)).unwrap();
+        engine.append(&entity(i), recs(&["a"])).unwrap();
+    }
+    assert_eq!(slots(&engine), 4);
+    engine.bump_epoch(&ns, 1).unwrap();
+    revoke_to_complete(&engine, &ns);
+    assert_eq!(engine.own(&ns).unwrap(), 1);
+    let after = slots(&engine);
+    for i in 0..4 {
+        assert_eq!(payloads(&engine, &entity(i)).unwrap(), recs(&["a"]), "{i}");
+        assert_eq!(machine.units_of(&entity(i)), 2, "restored afresh: {i}");
+    }
+    for i in 4..12 {
+        engine.register(&entity(i)).unwrap();
+        engine.append(&entity(i), recs(&["b"])).unwrap();
+        assert!(engine.stats().passivation.resident <= 4, "after entity {i}");
+    }
+    after
+}
+
+/// SPEC R10, F11: entities whose namespace was adopted anew are pending and idle, so their
+/// slots leave the registry at once, also under a budget (whose ring used to keep a reference
+/// to each until a walk or the ring's compaction reached its entry).
+#[test]
+fn r10_a_namespace_adopted_anew_under_a_budget_frees_its_slots_at_once() {
+    assert_eq!(slots_after_a_readoption_under_a_budget(false), 0);
+}
+
+/// Negative control: with the ring's entries left in place the slots stay.
+#[test]
+fn r10_negative_control_readopted_entries_left_in_the_ring_keep_the_slots() {
+    assert_eq!(slots_after_a_readoption_under_a_budget(true), 4);
 }
 
 /// Counts restore units of one entity running at the same time (their start is the machine's

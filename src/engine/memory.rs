@@ -68,9 +68,10 @@ impl<M: StateMachine> Engine<M> {
         self.inner.restorer.set_retire_unguarded(unguarded);
     }
 
-    /// Test-only: an explicit passivation leaves the entity's entry in the budget's ring (as
-    /// before entries were taken out at once), so the slot stays in the registry until a walk
-    /// of the ring reaches it; tests show they catch the slot kept (SPEC R10).
+    /// Test-only: an explicit passivation, a release and a namespace adopted anew leave the
+    /// entity's entry in the budget's ring (as before entries were taken out at once), so the
+    /// slot stays in the registry until a walk of the ring reaches it; tests show they catch
+    /// the slot kept (SPEC R4, R10).
     #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub fn set_unlist_skipped_for_test(&self, skipped: bool) {

@@ -24,8 +24,9 @@
 //! A passivated entity's slot then leaves the registry if nothing uses it (`retire.rs`), so
 //! memory follows the budget, not the entities ever touched. The ring holds a reference to
 //! each slot it lists, which keeps that slot in the registry until the ring lets it go: a walk
-//! lets go of the entries it passivates, and an explicit passivation takes its entity's entry
-//! out at once (leaving a hole, swept by the ring's compaction).
+//! lets go of the entries it passivates, and an explicit passivation, a release and a
+//! namespace adopted anew take the entries of the entities they leave pending out at once
+//! (leaving holes, swept by the ring's compaction).
 
 use std::collections::VecDeque;
 use std::ops::Deref;
@@ -462,6 +463,32 @@ impl<M: StateMachine> Restorer<M> {
         passivated
     }
 
+    /// Takes the ring entries of those of `slots` that are not restored (pending after a
+    /// release or after their namespace was adopted anew), so the ring's reference does not
+    /// keep their slots in the registry until a walk or the ring's compaction reaches them.
+    ///
+    /// Each phase is looked at under its gate while the ring's mutex is held (lock order:
+    /// ring, gate, as a walk takes them): an entity not restored then is not resident, and a
+    /// unit that restores it afterwards reaches the ring in [`activated`](Self::activated)
+    /// only after this, finds it unlisted and queues it again; a resident entity never goes
+    /// missing from the ring. Called with no lock held.
+    pub(crate) fn unlist_unless_restored(&self, slots: &[Arc<Slot<M::State>>]) {
+        if self.residency.budget.is_none() || self.residency.unlist_skipped.load(Ordering::Relaxed)
+        {
+            // No budget, no ring (or the test-only switch leaves the entries in place).
+            return;
+        }
+        let mut ring = self.residency.ring.lock();
+        let taken: Vec<_> = slots
+            .iter()
+            .filter(|slot| !matches!(*slot.gate.lock(), Phase::Restored))
+            .filter_map(|slot| ring.take(slot))
+            .collect();
+        drop(ring);
+        // The ring's references go with no lock held.
+        drop(taken);
+    }
+
     /// Makes every restored entity of `ns` pending again, dropping its state: the namespace
     /// was adopted anew, and state restored under an earlier holding may be stale (another
     /// owner may have written since). Entities being restored right now are left to finish.
@@ -490,6 +517,8 @@ impl<M: StateMachine> Restorer<M> {
             // Restored under an earlier holding: not a reactivation of this one.
             slot.life.forgotten();
         }
+        // The ring's references go now, so the pending slots can leave below.
+        self.unlist_unless_restored(&slots);
         // Pending now: idle ones leave the registry.
         self.retire(slots);
     }
@@ -507,8 +536,8 @@ impl<M: StateMachine> Restorer<M> {
         }
     }
 
-    /// Test-only negative control: an explicit passivation leaves the ring's entry (and so the
-    /// slot) in place until a walk reaches it.
+    /// Test-only negative control: an explicit passivation, a release and a namespace adopted
+    /// anew leave the ring's entry (and so the slot) in place until a walk reaches it.
     #[cfg(feature = "test-hooks")]
     pub(crate) fn set_unlist_skipped(&self, skipped: bool) {
         self.residency

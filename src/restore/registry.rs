@@ -470,7 +470,8 @@ impl<M: StateMachine> Restorer<M> {
         }
         drop(phase);
         drop(state);
-        // Pending now (or already): an idle slot leaves the registry.
+        // Pending now (or already): the ring's reference goes, and an idle slot leaves.
+        self.unlist_unless_restored(std::slice::from_ref(&slot));
         self.retire(vec![slot]);
         Ok(released)
     }
