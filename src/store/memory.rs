@@ -169,10 +169,7 @@ impl Store for MemoryStore {
     ) -> Result<ScanPage> {
         self.check_open()?;
         check_limit(limit)?;
-        let range = match cursor {
-            Some(c) => range.after(&c.0),
-            None => range.clone(),
-        };
+        let range = range.resuming(cursor);
         let Some(rows) = self.rows(p) else {
             return Ok(ScanPage::default());
         };
@@ -206,10 +203,7 @@ impl Store for MemoryStore {
     ) -> Result<Option<Cursor>> {
         self.check_open()?;
         check_limit(limit)?;
-        let range = match cursor {
-            Some(c) => range.after(&c.0),
-            None => range.clone(),
-        };
+        let range = range.resuming(cursor);
         let Some(rows) = self.rows(p) else {
             return Ok(None);
         };

@@ -232,6 +232,14 @@ impl KeyRange {
         }
     }
 
+    /// The part of this range a scan resumed from `cursor` covers: all of it without one.
+    pub(crate) fn resuming(&self, cursor: Option<&Cursor>) -> KeyRange {
+        match cursor {
+            Some(c) => self.after(&c.0),
+            None => self.clone(),
+        }
+    }
+
     /// Borrowed bounds, for `BTreeMap::range`.
     pub(crate) fn as_bounds(&self) -> (Bound<&[u8]>, Bound<&[u8]>) {
         (as_ref_bound(&self.start), as_ref_bound(&self.end))

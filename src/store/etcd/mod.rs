@@ -372,10 +372,7 @@ impl Store for EtcdStore {
     ) -> Result<ScanPage> {
         self.check_open()?;
         check_limit(limit)?;
-        let range = match cursor {
-            Some(c) => range.after(&c.0),
-            None => range.clone(),
-        };
+        let range = range.resuming(cursor);
         let prefix = self.layout.data_prefix(p);
         let Some((start, end)) = encode_range(&prefix, &range) else {
             return Ok(ScanPage::default());

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use super::format::{self, MAX_BODY_LEN, RecordKind, ValueLoc};
 use super::partition::{self, Pending, PendingOp};
+use super::read::PageBuf;
 use super::{
     Batch, Cursor, FileStore, KeyRange, Op, Outcome, Partition, ScanPage, Store, StoreLimits,
     StoreStats, check_guards, check_key, check_limit,
@@ -71,14 +72,7 @@ impl Store for FileStore {
         cursor: Option<&Cursor>,
         limit: usize,
     ) -> Result<ScanPage> {
-        let inner = &self.inner;
-        inner.check_open()?;
-        check_limit(limit)?;
-        let range = match cursor {
-            Some(c) => range.after(&c.0),
-            None => range.clone(),
-        };
-        let Some(page) = inner.read_page(p, &range, limit)? else {
+        let Some(page) = self.scan_page(p, range, cursor, limit)? else {
             return Ok(ScanPage::default());
         };
         let entries = (0..page.len())
@@ -104,14 +98,7 @@ impl Store for FileStore {
         limit: usize,
         visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<()>,
     ) -> Result<Option<Cursor>> {
-        let inner = &self.inner;
-        inner.check_open()?;
-        check_limit(limit)?;
-        let range = match cursor {
-            Some(c) => range.after(&c.0),
-            None => range.clone(),
-        };
-        let Some(page) = inner.read_page(p, &range, limit)? else {
+        let Some(page) = self.scan_page(p, range, cursor, limit)? else {
             return Ok(None);
         };
         for i in 0..page.len() {
@@ -266,5 +253,21 @@ impl Store for FileStore {
 
     fn close(&self) -> Result<()> {
         self.inner.close()
+    }
+}
+
+impl FileStore {
+    /// The page a scan (owned or lent) resumed from `cursor` answers; `None` for a partition
+    /// that holds nothing.
+    fn scan_page(
+        &self,
+        p: &Partition,
+        range: &KeyRange,
+        cursor: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<Option<PageBuf>> {
+        self.inner.check_open()?;
+        check_limit(limit)?;
+        self.inner.read_page(p, &range.resuming(cursor), limit)
     }
 }
