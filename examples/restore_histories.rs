@@ -26,7 +26,13 @@ use portcullis::log;
 use portcullis::restore::{ApplyContext, Rejection, StateMachine};
 use portcullis::store::{Batch, FileStore, Store, SyncPolicy};
 
-type R<T> = Result<T, Box<dyn std::error::Error>>;
+// Only the error type and the value bytes are shared with the other examples here; the
+// engine writes its own logs.
+#[path = "common/fill.rs"]
+#[allow(dead_code)]
+mod fill;
+
+use fill::{R, value};
 
 /// Counts records and bytes: the least an application's `apply` does.
 struct Histories;
@@ -66,23 +72,6 @@ impl StateMachine for Histories {
 
 fn entity(e: u64) -> R<EntityId> {
     Ok(EntityId::new("logs", format!("{e:08}"))?)
-}
-
-/// Pseudo-random bytes, so nothing compresses.
-fn value(entity: u64, seq: u64, len: usize) -> Vec<u8> {
-    let mut x = entity
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(seq.wrapping_mul(0xC2B2_AE3D_27D4_EB4F))
-        | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 fn fill(dir: &str, entities: u64, records: u64, len: usize) -> R<()> {
