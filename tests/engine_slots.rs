@@ -86,10 +86,9 @@ fn r10_under_a_budget_the_registry_holds_only_the_resident_entities() {
     assert!(engine.stats().passivation.retired >= 2 * 50 - 4);
 }
 
-/// Under a budget, `budget` entities are restored and `Engine::passivate` drops one; answers
-/// the slots in the registry right after, then checks the entity restores again and the budget
-/// still passivates the others (the ring lost none of its resident entries).
-fn slots_after_a_passivation_under_a_budget(unlist_skipped: bool) -> u64 {
+/// An engine with a budget of 4 resident entities (`Engine::set_unlist_skipped_for_test` set as
+/// asked) and entities 0..4 restored, each holding the record "a".
+fn four_restored_under_a_budget_of_four(unlist_skipped: bool) -> (Arc<TestMachine>, TestEngine) {
     let store = TestStore::new();
     let machine = Arc::new(TestMachine::default());
     let engine = builder(&machine, &store)
@@ -101,6 +100,31 @@ fn slots_after_a_passivation_under_a_budget(unlist_skipped: bool) -> u64 {
     for i in 0..4 {
         engine.append(&entity(i), recs(&["a"])).unwrap();
     }
+    (machine, engine)
+}
+
+/// Writes entities 4..12 and reads every one of 0..12 but `except`, checking after each step
+/// that the budget of 4 holds (the ring lost no resident entry) and every history reads back.
+fn eight_more_keep_at_most_four_resident(engine: &TestEngine, except: Option<usize>) {
+    for i in 4..12 {
+        engine.append(&entity(i), recs(&["b"])).unwrap();
+        assert!(engine.stats().passivation.resident <= 4, "after entity {i}");
+    }
+    for i in (0..12).filter(|&i| Some(i) != except) {
+        let want = if i < 4 { recs(&["a"]) } else { recs(&["b"]) };
+        assert_eq!(payloads(engine, &entity(i)).unwrap(), want, "entity {i}");
+        assert!(
+            engine.stats().passivation.resident <= 4,
+            "reading entity {i}"
+        );
+    }
+}
+
+/// Under a budget, `budget` entities are restored and `Engine::passivate` drops one; answers
+/// the slots in the registry right after, then checks the entity restores again and the budget
+/// still passivates the others (the ring lost none of its resident entries).
+fn slots_after_a_passivation_under_a_budget(unlist_skipped: bool) -> u64 {
+    let (machine, engine) = four_restored_under_a_budget_of_four(unlist_skipped);
     assert_eq!(slots(&engine), 4);
     assert!(engine.passivate(&entity(1)).unwrap());
     let after = slots(&engine);
@@ -108,18 +132,7 @@ fn slots_after_a_passivation_under_a_budget(unlist_skipped: bool) -> u64 {
     // entities keeps at most 4 resident, the passivated one among those the ring can drop.
     assert_eq!(payloads(&engine, &entity(1)).unwrap(), recs(&["a"]));
     assert_eq!(machine.units_of(&entity(1)), 2);
-    for i in 4..12 {
-        engine.append(&entity(i), recs(&["b"])).unwrap();
-        assert!(engine.stats().passivation.resident <= 4, "after entity {i}");
-    }
-    for i in 0..12 {
-        let want = if i < 4 { recs(&["a"]) } else { recs(&["b"]) };
-        assert_eq!(payloads(&engine, &entity(i)).unwrap(), want, "entity {i}");
-        assert!(
-            engine.stats().passivation.resident <= 4,
-            "reading entity {i}"
-        );
-    }
+    eight_more_keep_at_most_four_resident(&engine, None);
     after
 }
 
@@ -141,17 +154,7 @@ fn r10_negative_control_a_ring_entry_left_in_place_keeps_the_slot() {
 /// answers the slots in the registry right after its release, then checks the budget still
 /// keeps at most 4 resident as more entities are touched (the ring lost no resident entry).
 fn slots_after_a_release_under_a_budget(unlist_skipped: bool) -> u64 {
-    let store = TestStore::new();
-    let machine = Arc::new(TestMachine::default());
-    let engine = builder(&machine, &store)
-        .max_resident_entities(4)
-        .register_on_first_write(true)
-        .open()
-        .unwrap();
-    engine.set_unlist_skipped_for_test(unlist_skipped);
-    for i in 0..4 {
-        engine.append(&entity(i), recs(&["a"])).unwrap();
-    }
+    let (machine, engine) = four_restored_under_a_budget_of_four(unlist_skipped);
     let err = engine.append(&entity(1), recs(&["!refuse"])).unwrap_err();
     assert!(matches!(err, Error::Contained { .. }), "{err}");
     assert_eq!(slots(&engine), 4);
@@ -161,15 +164,7 @@ fn slots_after_a_release_under_a_budget(unlist_skipped: bool) -> u64 {
     let err = engine.read(&entity(1), |_| ()).unwrap_err();
     assert!(matches!(err, Error::Contained { .. }), "{err}");
     assert_eq!(machine.units_of(&entity(1)), 2);
-    for i in 4..12 {
-        engine.append(&entity(i), recs(&["b"])).unwrap();
-        assert!(engine.stats().passivation.resident <= 4, "after entity {i}");
-    }
-    for i in (0..12).filter(|&i| i != 1) {
-        let want = if i < 4 { recs(&["a"]) } else { recs(&["b"]) };
-        assert_eq!(payloads(&engine, &entity(i)).unwrap(), want, "entity {i}");
-        assert!(engine.stats().passivation.resident <= 4, "reading {i}");
-    }
+    eight_more_keep_at_most_four_resident(&engine, Some(1));
     after
 }
 
