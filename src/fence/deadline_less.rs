@@ -11,7 +11,7 @@
 //! - a pushed lease carries expiry 0, so it is never usable on any clock and the first write
 //!   under it renews (which commits a leased-shard row first);
 //! - a renewal keeps the acknowledgement of the row it replaces even when that row expired
-//!   (`write.rs` asks [`Fence::row_keeping_ack`]);
+//!   (`lease.rs` asks [`Fence::row_keeping_ack`]);
 //! - the sweeper retires an entity's lease (overwrites it with a fresh, never-usable value,
 //!   guarded on the lease as read, over an absent lease too) before it deletes the expired
 //!   row ([`Fence::retire_lease`]), so no lease a held write is guarded on outlives its row.

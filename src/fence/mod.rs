@@ -6,10 +6,11 @@
 //! [`Store`] trait, so it runs on every backend) and the planner's clock; nothing above it.
 //!
 //! One file per job: [`config`](FenceConfig) (parameters), `rows` (keys and encodings),
-//! `epoch` (F1), `write` (F2, F3), `revoke` (F4-F6), `driver` (F9, background), `sweep` (F9,
-//! sweeper), `deadline_less` (the rule on stores that cannot evaluate `NotAfter`), `stats`
-//! (store-call counters), `hooks` (test-only fault hooks, behind the cargo feature
-//! `test-hooks`).
+//! `epoch` (F1), `write` (F2, F3: the write path), `lease` (F2, F3: a lease read,
+//! renewed and guarded), `revoke` (F4-F6), `driver` (F9, background), `sweep` (F9,
+//! sweeper scheduling), `sweep_rows` (F8, F9, the sweep over a namespace's rows),
+//! `deadline_less` (the rule on stores that cannot evaluate `NotAfter`), `stats` (store-call
+//! counters), `hooks` (test-only fault hooks, behind the cargo feature `test-hooks`).
 //!
 //! Two clocks are involved: the planner's clock given to [`Fence::new`] (lease expiries,
 //! revocation hold-offs) and the store's own clock, against which `NotAfter` deadlines are
@@ -44,11 +45,13 @@ mod deadline_less;
 mod driver;
 mod epoch;
 mod hooks;
+mod lease;
 mod revoke;
 /// Row layouts; the inspect tool reads them (SPEC E5).
 pub(crate) mod rows;
 mod stats;
 mod sweep;
+mod sweep_rows;
 mod unfenced;
 mod write;
 
@@ -68,7 +71,8 @@ pub use driver::{DriverLimits, DriverReport, RevocationHandle};
 pub use revoke::{RevokeBudget, RevokeProgress};
 pub use rows::FenceKind;
 pub use stats::FenceStats;
-pub use sweep::{SweepNamespaces, SweepPass, SweepReport, SweeperHandle};
+pub use sweep::{SweepNamespaces, SweepPass, SweeperHandle};
+pub use sweep_rows::SweepReport;
 pub use write::{FenceGrant, WriteOutcome, WritePlan, write_under};
 
 // Test-only surface (cargo feature `test-hooks`, which the crate's own tests enable): pause
