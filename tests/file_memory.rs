@@ -7,16 +7,16 @@
 //! at every read, which is where each used to hold the most. The tests of this binary take
 //! turns (`ONE_AT_A_TIME`), so no other test's allocations blur the figures.
 
+mod common;
+
 use std::alloc::System;
-use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use common::os_files::{ObservedOs, ReadObserver};
 use portcullis::inspect::Inspector;
-use portcullis::store::{
-    Batch, FileStore, OpenMode, OsFs, Partition, PathKind, Store, SyncPolicy, Vfs, VfsFile, VfsLock,
-};
+use portcullis::store::{Batch, FileStore, Partition, Store, SyncPolicy};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 
 #[global_allocator]
@@ -42,56 +42,13 @@ fn sample() {
     PEAK.fetch_max(heap_in_use(), Ordering::SeqCst);
 }
 
-/// The operating system's files, sampling the heap at every read.
+/// Samples the heap at every read of the operating system's files.
 #[derive(Debug)]
 struct Sampling;
 
-#[derive(Debug)]
-struct SamplingFile(Arc<dyn VfsFile>);
-
-impl VfsFile for SamplingFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+impl ReadObserver for Sampling {
+    fn before_read(&self, _len: usize) {
         sample();
-        self.0.read_at(buf, offset)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.0.write_all_at(buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.0.sync_data()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.0.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
-    }
-}
-
-impl Vfs for Sampling {
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
-        Ok(Arc::new(SamplingFile(OsFs.open(path, mode)?)))
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        OsFs.create_dir_all(path)
-    }
-    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        OsFs.list(dir)
-    }
-    fn kind(&self, path: &Path) -> io::Result<Option<PathKind>> {
-        OsFs.kind(path)
-    }
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        OsFs.remove(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        OsFs.rename(from, to)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        OsFs.sync_dir(dir)
-    }
-    fn try_lock(&self, path: &Path) -> io::Result<Box<dyn VfsLock>> {
-        OsFs.try_lock(path)
     }
 }
 
@@ -110,7 +67,7 @@ fn loading_and_compacting_hold_one_record_not_a_chain_or_a_segment() {
     let p = Partition::new("big").unwrap();
     let open = || {
         FileStore::builder(dir.path())
-            .vfs(Arc::new(Sampling))
+            .vfs(Arc::new(ObservedOs(Arc::new(Sampling))))
             .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
             .segment_bytes(80 << 20)
             .auto_compact(false)
@@ -187,7 +144,7 @@ fn open_scans_the_journal_after_the_snapshot_through_a_bounded_window() {
     let written = tempfile::tempdir().unwrap();
     let builder = |dir: &Path| {
         FileStore::builder(dir)
-            .vfs(Arc::new(Sampling))
+            .vfs(Arc::new(ObservedOs(Arc::new(Sampling))))
             .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
             .segment_bytes(128 << 20)
             .snapshot_every_bytes(1 << 40)

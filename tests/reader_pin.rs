@@ -13,16 +13,16 @@
 //! compaction that never answers fails the test with what it was waiting for, instead of
 //! hanging it.
 
-use std::io;
-use std::path::Path;
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::os_files::{ObservedOs, ReadObserver};
 use crossbeam::channel::{Receiver, Sender, bounded, unbounded};
 use portcullis::store::{
-    Batch, FileStore, FileStoreBuilder, KeyRange, OpenMode, OsFs, Partition, PathKind, ScanPage,
-    Store, SyncPolicy, Vfs, VfsFile, VfsLock,
+    Batch, FileStore, FileStoreBuilder, KeyRange, Partition, ScanPage, Store, SyncPolicy,
 };
 
 /// The length of the values the reader reads: the gate stops the first read of this length.
@@ -58,56 +58,9 @@ impl Gate {
     }
 }
 
-/// The operating system's files, with every read going through the gate.
-#[derive(Debug)]
-struct Gated(Arc<Gate>);
-
-#[derive(Debug)]
-struct GatedFile(Arc<dyn VfsFile>, Arc<Gate>);
-
-impl VfsFile for GatedFile {
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.1.pass(buf.len());
-        self.0.read_at(buf, offset)
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.0.write_all_at(buf, offset)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.0.sync_data()
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.0.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
-    }
-}
-
-impl Vfs for Gated {
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VfsFile>> {
-        Ok(Arc::new(GatedFile(OsFs.open(path, mode)?, self.0.clone())))
-    }
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        OsFs.create_dir_all(path)
-    }
-    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
-        OsFs.list(dir)
-    }
-    fn kind(&self, path: &Path) -> io::Result<Option<PathKind>> {
-        OsFs.kind(path)
-    }
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        OsFs.remove(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        OsFs.rename(from, to)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        OsFs.sync_dir(dir)
-    }
-    fn try_lock(&self, path: &Path) -> io::Result<Box<dyn VfsLock>> {
-        OsFs.try_lock(path)
+impl ReadObserver for Gate {
+    fn before_read(&self, len: usize) {
+        self.pass(len);
     }
 }
 
@@ -143,7 +96,7 @@ fn scan_while_compacting(skip_pin: bool) -> Run {
     let (events_tx, events) = unbounded();
     let waits = events_tx.clone();
     let mut builder: FileStoreBuilder = FileStore::builder(dir.path())
-        .vfs(Arc::new(Gated(gate.clone())))
+        .vfs(Arc::new(ObservedOs(gate.clone())))
         .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
         .segment_bytes(4096)
         .snapshot_every_bytes(1 << 40)

@@ -14,6 +14,7 @@ pub mod engine;
 pub mod etcd;
 pub mod layout;
 pub mod logs;
+pub mod os_files;
 pub mod owners;
 pub mod rng;
 pub mod steps;
