@@ -8,16 +8,12 @@ mod common;
 use std::sync::Arc;
 
 use common::engine::{
-    TestEngine, TestMachine, TestStore, entity, owner_builder, payloads, revoke_to_complete,
+    TestEngine, TestMachine, TestStore, entity, owner_builder, payloads, recs, revoke_to_complete,
 };
 use portcullis::engine::Deferred;
 use portcullis::restore::Origin;
 use portcullis::store::{Batch, Store};
 use portcullis::{EntityId, Namespace};
-
-fn recs(items: &[&str]) -> Vec<Vec<u8>> {
-    items.iter().map(|s| s.as_bytes().to_vec()).collect()
-}
 
 fn ns() -> Namespace {
     entity(1).namespace().clone()

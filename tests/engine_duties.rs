@@ -7,16 +7,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::engine::{TestMachine, TestStore, builder, crash, entity, payloads};
+use common::engine::{TestMachine, TestStore, builder, crash, entity, payloads, recs};
 use parking_lot::Mutex;
 use portcullis::engine::Deferred;
 use portcullis::log::{self, keys};
 use portcullis::restore::Origin;
 use portcullis::store::{Batch, Op, Store};
-
-fn recs(items: &[&str]) -> Vec<Vec<u8>> {
-    items.iter().map(|s| s.as_bytes().to_vec()).collect()
-}
 
 /// R3, R8: work deferred to an entity from inside its own unit (here by the unclean-restart
 /// repair) is drained, in the same unit, before the entity is served.

@@ -8,14 +8,10 @@ mod common;
 
 use std::sync::Arc;
 
-use common::engine::{TestEngine, TestMachine, entity, payloads, revoke_to_complete};
+use common::engine::{TestEngine, TestMachine, entity, payloads, recs, revoke_to_complete};
 use common::etcd::EtcdServer;
 use portcullis::store::{EtcdStore, Store};
 use portcullis::{Engine, Error};
-
-fn recs(items: &[&str]) -> Vec<Vec<u8>> {
-    items.iter().map(|s| s.as_bytes().to_vec()).collect()
-}
 
 /// An owner with its own etcd client, adopting namespaces only when told.
 fn owner(server: &EtcdServer, machine: &Arc<TestMachine>, id: &str) -> TestEngine {

@@ -7,15 +7,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::engine::{TestMachine, TestStore, builder, entity, payloads, within};
+use common::engine::{TestMachine, TestStore, builder, entity, payloads, recs, within};
 use crossbeam::channel;
 use parking_lot::{Condvar, Mutex};
 use portcullis::fence::{DriverLimits, FenceHooks, HookPoint};
 use portcullis::{EntityId, Error, ManualClock};
-
-fn recs(items: &[&str]) -> Vec<Vec<u8>> {
-    items.iter().map(|s| s.as_bytes().to_vec()).collect()
-}
 
 /// R11: dropping the last handle closes the engine cleanly, like `close`: the next open owes
 /// no repair and runs none.

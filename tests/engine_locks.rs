@@ -10,16 +10,12 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::time::Duration;
 
 use common::engine::{
-    TestEngine, TestMachine, TestStore, builder, entity, payloads, within, writes_deferral,
+    TestEngine, TestMachine, TestStore, builder, entity, payloads, recs, within, writes_deferral,
 };
 use crossbeam::channel;
 use parking_lot::Mutex;
 use portcullis::restore::{Containment, Metrics};
 use portcullis::{EntityId, Error};
-
-fn recs(items: &[&str]) -> Vec<Vec<u8>> {
-    items.iter().map(|s| s.as_bytes().to_vec()).collect()
-}
 
 /// Registers `n` entities with one record each and closes, so they reopen pending.
 fn seeded(n: usize) -> Arc<TestStore> {

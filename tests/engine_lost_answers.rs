@@ -7,13 +7,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::engine::{TestMachine, TestStore, builder, entity, leave_an_unsettled_write, payloads};
+use common::engine::{
+    TestMachine, TestStore, builder, entity, leave_an_unsettled_write, payloads, recs,
+};
 use portcullis::Error;
 use portcullis::restore::Origin;
-
-fn recs(items: &[&str]) -> Vec<Vec<u8>> {
-    items.iter().map(|s| s.as_bytes().to_vec()).collect()
-}
 
 /// How many times `apply` folded the record with sequence number `seq` of entity 0 live.
 fn live_folds(machine: &TestMachine, seq: u64) -> usize {

@@ -10,16 +10,12 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::engine::{TestMachine, TestStore, builder, entity, payloads, writes_records};
+use common::engine::{TestMachine, TestStore, builder, entity, payloads, recs, writes_records};
 use crossbeam::channel;
 use portcullis::Error;
 use portcullis::log::{self, Checkpoint, keys};
 use portcullis::restore::ReasonKind;
 use portcullis::store::{Batch, Store};
-
-fn recs(items: &[&str]) -> Vec<Vec<u8>> {
-    items.iter().map(|s| s.as_bytes().to_vec()).collect()
-}
 
 /// L4, R4: `verify_checkpoint` walks history page by page without the entity's lock. A
 /// checkpoint with truncation that lands during the walk deletes records it has not read yet;

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use common::engine::{TestMachine, TestStore, builder, crash, entity, payloads};
+use common::engine::{TestMachine, TestStore, builder, crash, entity, payloads, recs};
 use parking_lot::Mutex;
 use portcullis::engine::Deferred;
 use portcullis::log::{self, Checkpoint, keys};
@@ -21,10 +21,6 @@ impl Metrics for Reports {
     fn entity_restored(&self, entity: &EntityId, report: &UnitReport) {
         self.0.lock().push((entity.clone(), report.clone()));
     }
-}
-
-fn recs(items: &[&str]) -> Vec<Vec<u8>> {
-    items.iter().map(|s| s.as_bytes().to_vec()).collect()
 }
 
 #[test]

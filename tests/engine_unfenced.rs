@@ -6,17 +6,13 @@ mod common;
 
 use std::sync::Arc;
 
-use common::engine::{TestMachine, TestStore, builder, entity, owner_builder, payloads};
+use common::engine::{TestMachine, TestStore, builder, entity, owner_builder, payloads, recs};
 use portcullis::engine::Deferred;
 use portcullis::fence::{Fence, FenceConfig};
 use portcullis::store::{Batch, Partition, Precondition, Store};
 use portcullis::{Error, Namespace, SystemClock};
 
 const LEASE_KEY: &[u8] = b"\0fence.epoch.lease";
-
-fn recs(items: &[&str]) -> Vec<Vec<u8>> {
-    items.iter().map(|s| s.as_bytes().to_vec()).collect()
-}
 
 fn ns() -> Namespace {
     entity(1).namespace().clone()
