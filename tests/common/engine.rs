@@ -382,6 +382,11 @@ pub fn recs(items: &[&str]) -> Vec<Vec<u8>> {
     items.iter().map(|s| s.as_bytes().to_vec()).collect()
 }
 
+/// Slots in the engine's registry now.
+pub fn slots(engine: &TestEngine) -> u64 {
+    engine.stats().passivation.slots
+}
+
 /// A fresh store, machine and engine (the default [`builder`]), with entity `i` registered and
 /// holding `records`.
 pub fn one_entity(
