@@ -8,7 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::engine::{TestEngine, TestMachine, TestStore, builder, entity, payloads};
+use common::engine::{TestEngine, TestMachine, TestStore, builder, closed_with, entity, payloads};
 use portcullis::log::{self, keys};
 use portcullis::restore::{Metrics, ReasonKind, UnitReport};
 use portcullis::store::{Batch, Store};
@@ -16,17 +16,7 @@ use portcullis::{EntityId, Error};
 
 /// Three entities with records "a", "b", closed so they reopen pending.
 fn seeded() -> Arc<TestStore> {
-    let store = TestStore::new();
-    let machine = Arc::new(TestMachine::default());
-    let engine = builder(&machine, &store).open().unwrap();
-    for i in 0..3 {
-        engine.register(&entity(i)).unwrap();
-        engine
-            .append(&entity(i), vec![b"a".to_vec(), b"b".to_vec()])
-            .unwrap();
-    }
-    engine.close().unwrap();
-    store
+    closed_with(3, &["a", "b"])
 }
 
 /// Touches the damaged entity 1: it must be contained with `kind`, the others served, and

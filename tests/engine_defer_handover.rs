@@ -8,16 +8,13 @@ mod common;
 use std::sync::Arc;
 
 use common::engine::{
-    TestEngine, TestMachine, TestStore, entity, owner_builder, payloads, recs, revoke_to_complete,
+    TestEngine, TestMachine, TestStore, entity, ns, owner_builder, payloads, recs,
+    revoke_to_complete,
 };
+use portcullis::EntityId;
 use portcullis::engine::Deferred;
 use portcullis::restore::Origin;
 use portcullis::store::{Batch, Store};
-use portcullis::{EntityId, Namespace};
-
-fn ns() -> Namespace {
-    entity(1).namespace().clone()
-}
 
 /// How the namespace passes from one owner to the next.
 #[derive(Clone, Copy, Debug)]

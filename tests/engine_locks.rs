@@ -10,7 +10,8 @@ use std::sync::{Arc, Barrier, OnceLock};
 use std::time::Duration;
 
 use common::engine::{
-    TestEngine, TestMachine, TestStore, builder, entity, payloads, recs, within, writes_deferral,
+    TestEngine, TestMachine, TestStore, builder, closed_with, entity, payloads, recs, within,
+    writes_deferral,
 };
 use crossbeam::channel;
 use parking_lot::Mutex;
@@ -19,15 +20,7 @@ use portcullis::{EntityId, Error};
 
 /// Registers `n` entities with one record each and closes, so they reopen pending.
 fn seeded(n: usize) -> Arc<TestStore> {
-    let store = TestStore::new();
-    let machine = Arc::new(TestMachine::default());
-    let engine = builder(&machine, &store).open().unwrap();
-    for i in 0..n {
-        engine.register(&entity(i)).unwrap();
-        engine.append(&entity(i), recs(&["r"])).unwrap();
-    }
-    engine.close().unwrap();
-    store
+    closed_with(n, &["r"])
 }
 
 fn is_would_deadlock<T: std::fmt::Debug>(r: &Result<T, Error>) -> bool {

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::engine::{TestEngine, TestMachine, TestStore, builder, entity};
+use common::engine::{TestEngine, TestMachine, TestStore, builder, entity, ns};
 use crossbeam::channel::{self, Receiver, Sender};
 use portcullis::fence::{FenceHooks, HookPoint};
 use portcullis::store::Store;
@@ -17,10 +17,6 @@ use portcullis::{EntityId, ManualClock, Namespace};
 const WAIT: Duration = Duration::from_secs(10);
 /// Past the default 30 s lease.
 const EXPIRE_MS: u64 = 30_001;
-
-fn ns() -> Namespace {
-    entity(1).namespace().clone()
-}
 
 struct Setup {
     clock: ManualClock,

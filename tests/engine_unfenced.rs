@@ -6,17 +6,13 @@ mod common;
 
 use std::sync::Arc;
 
-use common::engine::{TestMachine, TestStore, builder, entity, owner_builder, payloads, recs};
+use common::engine::{TestMachine, TestStore, builder, entity, ns, owner_builder, payloads, recs};
 use portcullis::engine::Deferred;
 use portcullis::fence::{Fence, FenceConfig};
 use portcullis::store::{Batch, Partition, Precondition, Store};
-use portcullis::{Error, Namespace, SystemClock};
+use portcullis::{Error, SystemClock};
 
 const LEASE_KEY: &[u8] = b"\0fence.epoch.lease";
-
-fn ns() -> Namespace {
-    entity(1).namespace().clone()
-}
 
 /// A second fence handle over the same store, as another process would hold.
 fn other_fence(store: &Arc<TestStore>) -> Fence {

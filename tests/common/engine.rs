@@ -8,12 +8,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
-use portcullis::EntityId;
 use portcullis::engine::{Engine, EngineBuilder};
 use portcullis::restore::{ApplyContext, Origin, Rejection, StateMachine};
 use portcullis::store::{
     Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, StoreLimits, StoreStats,
 };
+use portcullis::{EntityId, Namespace};
 
 /// The folded state: the records seen, in order, with their sequence numbers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -348,6 +348,25 @@ pub fn builder(
 
 pub fn entity(i: usize) -> EntityId {
     EntityId::new("test", format!("e{i}")).unwrap()
+}
+
+/// The namespace every [`entity`] is in.
+pub fn ns() -> Namespace {
+    entity(1).namespace().clone()
+}
+
+/// A test store holding entities `0..n`, each registered and holding `records`, written by an
+/// engine that then closed cleanly, so they reopen pending and owe no repair.
+pub fn closed_with(n: usize, records: &[&str]) -> Arc<TestStore> {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).open().unwrap();
+    for i in 0..n {
+        engine.register(&entity(i)).unwrap();
+        engine.append(&entity(i), recs(records)).unwrap();
+    }
+    engine.close().unwrap();
+    store
 }
 
 /// The records an entity folded, without sequence numbers.
