@@ -1,6 +1,6 @@
 //! Reading every entity's history after open, to profile and to compare builds: fills a store
 //! shaped like the peers' data sets (`peers/`), then, in a fresh process, opens it and reads
-//! every entity's log with `read_log` pages of 1,024 records, as the peers' Portcullis reader
+//! every entity's log with `visit_log` pages of 1,024 records, as the peers' Portcullis reader
 //! does (BENCHMARKS.md, "read every entity's history after open").
 //!
 //! Run:
@@ -51,20 +51,17 @@ fn read_all(dir: &str, entities: u64, records: u64) -> R<f64> {
     let mut bytes = 0usize;
     for e in 0..entities {
         let p = partition(e)?;
-        let (mut n, mut from) = (0u64, 1u64);
-        loop {
-            let page = log::read_log(&store, &p, from, 1024)?;
-            for r in &page.records {
+        let (mut n, mut from) = (0u64, Some(1u64));
+        while let Some(seq) = from {
+            // Each payload is lent, not copied out, as the peers' readers borrow each blob.
+            from = log::visit_log(&store, &p, seq, 1024, |r| {
                 if r.seq != n + 1 {
                     return Err(format!("entity {e}: records out of order").into());
                 }
                 n += 1;
                 bytes += r.payload.len();
-            }
-            match page.next_seq {
-                Some(next) => from = next,
-                None => break,
-            }
+                Ok::<(), Box<dyn std::error::Error>>(())
+            })?;
         }
         if n != records {
             return Err(format!("entity {e} has {n} records, not {records}").into());

@@ -200,6 +200,151 @@ fn l2_read_log_pages_from_any_sequence_number() {
     });
 }
 
+/// Every record `visit_log` lends for one page, copied, and where it says the next page starts.
+fn visited(
+    store: &dyn Store,
+    p: &Partition,
+    from: u64,
+    limit: usize,
+) -> Result<(Vec<log::LogRecord>, Option<u64>), Error> {
+    let mut records = Vec::new();
+    let next = log::visit_log(store, p, from, limit, |r| {
+        records.push(log::LogRecord {
+            seq: r.seq,
+            digest: r.digest,
+            payload: r.payload.to_vec(),
+        });
+        Ok::<(), Error>(())
+    })?;
+    Ok((records, next))
+}
+
+/// The lending read and the copying one answer the same pages, wherever a page starts and
+/// however long it is (SPEC L2).
+#[test]
+fn l2_visit_log_lends_exactly_the_pages_read_log_copies() {
+    each_backend(|b| {
+        let s = &*b.store;
+        let p = part("lend");
+        append_n(s, &p, 300);
+        for from in [0, 1, 2, 7, 255, 256, 257, 298, 300, 301, 1_000] {
+            for limit in [1, 3, 7, 256, 257, 1_024] {
+                let page = log::read_log(s, &p, from, limit).unwrap();
+                let (records, next) = visited(s, &p, from, limit).unwrap();
+                assert_eq!(records, page.records, "{}: from {from}, {limit}", b.name);
+                assert_eq!(next, page.next_seq, "{}: from {from}, {limit}", b.name);
+            }
+        }
+        // Paging with the lending read alone visits the whole log once, in order.
+        let (mut seen, mut from) = (Vec::new(), Some(1));
+        while let Some(seq) = from {
+            from = log::visit_log(s, &p, seq, 64, |r| {
+                seen.push((r.seq, r.payload.to_vec()));
+                Ok::<(), Error>(())
+            })
+            .unwrap();
+        }
+        assert_eq!(seen.len(), 300, "{}", b.name);
+        assert!(seen.iter().enumerate().all(|(i, (seq, payload))| {
+            *seq == i as u64 + 1 && *payload == format!("r{i}").into_bytes()
+        }));
+        assert!(visited(s, &p, 1, 0).is_err(), "a zero limit is refused");
+    });
+}
+
+/// After truncation the lending read starts at the first retained record, as `read_log` does.
+#[test]
+fn l2_visit_log_starts_a_truncated_log_at_its_first_retained_record() {
+    each_backend(|b| {
+        let s = &*b.store;
+        let p = part("lend-trunc");
+        append_n(s, &p, 20);
+        let head = log::read_head(s, &p).unwrap();
+        let head = log::write_checkpoint(s, &p, &head, 15, b"s".to_vec(), Batch::new())
+            .unwrap()
+            .committed()
+            .unwrap();
+        log::truncate_before(s, &p, &head, 16)
+            .unwrap()
+            .committed()
+            .unwrap();
+        for (from, limit) in [(1, 100), (1, 2), (10, 3), (16, 1), (19, 5)] {
+            let (records, next) = visited(s, &p, from, limit).unwrap();
+            let page = log::read_log(s, &p, from, limit).unwrap();
+            assert_eq!(
+                (&records, next),
+                (&page.records, page.next_seq),
+                "{}",
+                b.name
+            );
+        }
+        let (records, next) = visited(s, &p, 1, 100).unwrap();
+        let seqs: Vec<u64> = records.iter().map(|r| r.seq).collect();
+        assert_eq!((seqs, next), ((16..=20).collect(), None), "{}", b.name);
+    });
+}
+
+/// A gap or a malformed row inside a page is `Corrupt`, reported before the visitor sees the
+/// record after it, exactly as `read_log` reports it (SPEC L2); the visitor's own error stops
+/// the read and comes back as is.
+#[test]
+fn l2_visit_log_reports_a_gap_or_a_malformed_row_as_corrupt() {
+    each_backend(|b| {
+        let s = &*b.store;
+        for (damage, want) in [
+            ("missing", "log record 6 follows record 4"),
+            ("truncated", "log record 5 is truncated"),
+        ] {
+            let p = part(&format!("lend-{damage}"));
+            append_n(s, &p, 10);
+            let batch = match damage {
+                "missing" => Batch::new().delete(keys::record_key(5)),
+                _ => Batch::new().put(keys::record_key(5), vec![1, 0, 0, 0]),
+            };
+            let _ = s.apply(&p, &batch).unwrap();
+            let mut seen = Vec::new();
+            let err = log::visit_log(s, &p, 1, 10, |r| {
+                seen.push(r.seq);
+                Ok::<(), Error>(())
+            })
+            .unwrap_err();
+            match (&err, log::read_log(s, &p, 1, 10).unwrap_err()) {
+                (Error::Corrupt { detail, .. }, Error::Corrupt { detail: copied, .. }) => {
+                    assert_eq!(detail, want, "{}: {damage}", b.name);
+                    assert_eq!(copied, want, "{}: {damage}", b.name);
+                }
+                (other, copied) => panic!("{}: {damage}: {other} / {copied}", b.name),
+            }
+            assert_eq!(seen, vec![1, 2, 3, 4], "{}: {damage}", b.name);
+            // Pages that end before the damage read cleanly.
+            assert_eq!(visited(s, &p, 1, 4).unwrap().1, Some(5));
+        }
+        // The visitor's own error, of its own type, stops the read at once.
+        #[derive(Debug, PartialEq)]
+        enum Stop {
+            At(u64),
+            Store(String),
+        }
+        impl From<Error> for Stop {
+            fn from(e: Error) -> Stop {
+                Stop::Store(e.to_string())
+            }
+        }
+        let p = part("lend-stop");
+        append_n(s, &p, 10);
+        let mut seen = 0;
+        let stopped = log::visit_log(s, &p, 1, 10, |r| {
+            seen += 1;
+            if r.seq == 3 {
+                return Err(Stop::At(r.seq));
+            }
+            Ok(())
+        });
+        assert_eq!(stopped, Err(Stop::At(3)), "{}", b.name);
+        assert_eq!(seen, 3);
+    });
+}
+
 #[test]
 fn l3_checkpoint_then_replay_only_the_tail() {
     each_backend(|b| {

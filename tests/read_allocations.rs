@@ -1,6 +1,6 @@
 //! What reading a history allocates: reading a log page allocates each record's payload once
 //! (copied out of the row the store lends through `Store::scan_visit`), and nothing else per
-//! record: no key, no buffer per value.
+//! record: no key, no buffer per value; the lending read allocates nothing per record.
 //!
 //! A counting global allocator (`stats_alloc`) counts allocations; the tests of this binary
 //! take turns (`ONE_AT_A_TIME`), so no other test's allocations blur the counts.
@@ -76,6 +76,57 @@ fn a_log_page_allocates_each_payload_once_on_the_file_store() {
         "{made} allocations for {RECORDS} records"
     );
     store.close().unwrap();
+}
+
+/// Allocations made by visiting the whole log in one page with the lending read, which
+/// checks every record it is lent.
+fn allocations_of_one_lent_page(store: &dyn Store, p: &Partition) -> usize {
+    let mut seqs = 0u64;
+    let mut right = 0;
+    let region = Region::new(GLOBAL);
+    let next = log::visit_log(store, p, 1, RECORDS, |r| {
+        seqs += r.seq;
+        // Record i (from 0) holds 100 + i bytes of i, as `fill` wrote it.
+        let i = r.seq as usize - 1;
+        right += usize::from(r.payload.len() == 100 + i && r.payload.iter().all(|&b| b == i as u8));
+        Ok::<(), portcullis::Error>(())
+    });
+    let made = region.change().allocations;
+    assert_eq!(next.unwrap(), None);
+    assert_eq!(
+        (seqs, right),
+        ((RECORDS * (RECORDS + 1) / 2) as u64, RECORDS)
+    );
+    made
+}
+
+#[test]
+fn a_lent_log_page_allocates_nothing_per_record_on_either_store() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let p = Partition::new("e/logs/1").unwrap();
+    let memory = MemoryStore::new();
+    fill(&memory, &p);
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = FileStore::builder(dir.path())
+            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+            .open()
+            .unwrap();
+        fill(&store, &p);
+        store.close().unwrap();
+    }
+    let file = FileStore::builder(dir.path()).open().unwrap();
+    // The first read loads the partition's index; the second reads only values.
+    log::read_log(&file, &p, 1, RECORDS).unwrap();
+    for (name, store) in [("memory", &memory as &dyn Store), ("file", &file)] {
+        // Only the page's buffers, however many records it holds.
+        let made = allocations_of_one_lent_page(store, &p);
+        assert!(
+            made <= 32,
+            "{name}: {made} allocations for {RECORDS} records"
+        );
+    }
+    file.close().unwrap();
 }
 
 /// A store that implements only the contract's required methods, so `scan_visit` is the

@@ -95,22 +95,20 @@ impl Reader for LogReader {
     fn read_entity(&self, entity: u64) -> R<(usize, usize)> {
         let p = entity_partition(entity)?;
         let (mut n, mut bytes) = (0, 0);
-        let mut from = 1;
-        loop {
-            let page = log::read_log(&self.store, &p, from, 1024)?;
-            for r in &page.records {
+        let mut from = Some(1);
+        // Each payload is lent, not copied out, as SQLite's and redb's readers borrow each blob.
+        while let Some(seq) = from {
+            from = log::visit_log(&self.store, &p, seq, 1024, |r| {
                 // The log numbers records from 1.
                 if r.seq != n as u64 + 1 {
                     return Err("records out of order".into());
                 }
                 n += 1;
                 bytes += r.payload.len();
-            }
-            match page.next_seq {
-                Some(next) => from = next,
-                None => return Ok((n, bytes)),
-            }
+                Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+            })?;
         }
+        Ok((n, bytes))
     }
 
     fn get(&self, entity: u64, seq: u64) -> R<Option<Vec<u8>>> {

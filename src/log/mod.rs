@@ -3,7 +3,8 @@
 //! Owns: the layout of the reserved log rows inside an entity partition (`keys`), the head
 //! row (next sequence number, first retained sequence number, running digest, newest checkpoint
 //! mark), appending records with the caller's guards and row operations in the same atomic batch
-//! ([`fn@append`]), paging through history ([`read_log`]), verified replay
+//! ([`fn@append`]), paging through history ([`read_log`], or [`visit_log`] lending each
+//! record instead of copying it out), verified replay
 //! ([`replay`]), checkpoints ([`write_checkpoint`], [`load_restore_point`]), verification of a
 //! checkpoint against history and prefix truncation
 //! ([`truncate_before`]).
@@ -42,7 +43,7 @@ mod truncate;
 pub use append::{Appended, Guarded, MAX_RECORD_BYTES, append};
 pub use checkpoint::{Checkpoint, CheckpointMark, load_restore_point, write_checkpoint};
 pub use head::{HeadSnapshot, LogHead, read_head};
-pub use read::{LogPage, LogRecord, read_log, replay};
+pub use read::{LogPage, LogRecord, LogRecordRef, read_log, replay, visit_log};
 pub use truncate::truncate_before;
 
 // The steps the engine composes itself (an append at a head it already read, the digest chain,

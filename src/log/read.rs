@@ -27,14 +27,103 @@ pub struct LogPage {
     pub next_seq: Option<u64>,
 }
 
+/// One record of an entity log, lent by [`visit_log`] for the length of one visit: its payload
+/// borrows the store's buffer instead of being copied out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LogRecordRef<'a> {
+    /// Its sequence number (1, 2, 3 ...).
+    pub seq: u64,
+    /// The running digest after this record (SPEC L4).
+    pub digest: u64,
+    /// The application's bytes.
+    pub payload: &'a [u8],
+}
+
+impl From<LogRecordRef<'_>> for LogRecord {
+    fn from(r: LogRecordRef<'_>) -> LogRecord {
+        LogRecord {
+            seq: r.seq,
+            digest: r.digest,
+            payload: r.payload.to_vec(),
+        }
+    }
+}
+
 /// Reads at most `limit` records with `seq >= from_seq`, in order (SPEC L2).
 ///
 /// Records before the first retained one (truncated by a retention policy) are not returned;
 /// the page starts at the first retained record at or after `from_seq`. A malformed row, or a
-/// gap inside the page, is reported as [`Error::Corrupt`].
+/// gap inside the page, is reported as [`Error::Corrupt`]. [`visit_log`] reads the same page
+/// without copying each payload out.
+///
+/// # Examples
+///
+/// ```
+/// use portcullis::log;
+/// use portcullis::store::{Batch, MemoryStore, Partition};
+///
+/// # fn main() -> portcullis::Result<()> {
+/// let store = MemoryStore::new();
+/// let p = Partition::new("e/chat/room-1")?;
+/// log::append(&store, &p, &[b"a".to_vec(), b"b".to_vec(), b"c".to_vec()], Batch::new())?;
+/// let page = log::read_log(&store, &p, 1, 2)?;
+/// assert_eq!(page.records[1].payload, b"b");
+/// assert_eq!(page.next_seq, Some(3));
+/// let rest = log::read_log(&store, &p, 3, 2)?;
+/// assert_eq!((rest.records.len(), rest.next_seq), (1, None));
+/// # Ok(())
+/// # }
+/// ```
 pub fn read_log(store: &dyn Store, p: &Partition, from_seq: u64, limit: usize) -> Result<LogPage> {
     let mut records: Vec<LogRecord> = Vec::with_capacity(limit.min(REPLAY_PAGE));
-    // Rows are lent by the store; only each payload is copied out (SPEC L2).
+    let next_seq = visit_log(store, p, from_seq, limit, |r| {
+        records.push(r.into());
+        Ok::<(), Error>(())
+    })?;
+    Ok(LogPage { records, next_seq })
+}
+
+/// Reads the page [`read_log`] would (SPEC L2), lending each record to `visit` in order instead
+/// of copying it out, and returns where the next page starts (`None` at the end of the log).
+///
+/// The same rules as [`read_log`]: at most `limit` records with `seq >= from_seq`, starting at
+/// the first retained one; a malformed row, or a gap inside the page, is [`Error::Corrupt`],
+/// reported before `visit` sees the record. The payload is borrowed from the store's buffer
+/// for the length of the call only; copy what must outlive it. `visit`'s own error stops the
+/// read and is returned as is.
+///
+/// # Examples
+///
+/// ```
+/// use portcullis::log;
+/// use portcullis::store::{Batch, MemoryStore, Partition};
+///
+/// # fn main() -> portcullis::Result<()> {
+/// let store = MemoryStore::new();
+/// let p = Partition::new("e/chat/room-1")?;
+/// log::append(&store, &p, &[b"hello".to_vec(), b"world".to_vec(), b"!".to_vec()], Batch::new())?;
+/// let (mut bytes, mut from) = (0, Some(1));
+/// while let Some(seq) = from {
+///     from = log::visit_log(&store, &p, seq, 2, |record| {
+///         bytes += record.payload.len();
+///         Ok::<(), portcullis::Error>(())
+///     })?;
+/// }
+/// assert_eq!(bytes, 11);
+/// # Ok(())
+/// # }
+/// ```
+pub fn visit_log<E: From<Error>>(
+    store: &dyn Store,
+    p: &Partition,
+    from_seq: u64,
+    limit: usize,
+    mut visit: impl FnMut(LogRecordRef<'_>) -> Result<(), E>,
+) -> Result<Option<u64>, E> {
+    let mut last: Option<u64> = None;
+    // The visitor's own error, kept aside while the store is told only to stop.
+    let mut stopped: Option<E> = None;
     let next = store.scan_visit(
         p,
         &keys::records_from(from_seq.max(1)),
@@ -42,7 +131,7 @@ pub fn read_log(store: &dyn Store, p: &Partition, from_seq: u64, limit: usize) -
         limit,
         &mut |key, value| {
             let (seq, digest, payload) = parse_row(p, key, value)?;
-            if let Some(previous) = records.last().map(|r| r.seq)
+            if let Some(previous) = last
                 && seq != previous + 1
             {
                 return Err(corrupt(
@@ -50,19 +139,25 @@ pub fn read_log(store: &dyn Store, p: &Partition, from_seq: u64, limit: usize) -
                     format!("log record {seq} follows record {previous}"),
                 ));
             }
-            records.push(LogRecord {
+            last = Some(seq);
+            visit(LogRecordRef {
                 seq,
                 digest,
-                payload: payload.to_vec(),
-            });
-            Ok(())
+                payload,
+            })
+            .map_err(|e| {
+                stopped = Some(e);
+                Error::invalid("the visitor stopped the log read")
+            })
         },
-    )?;
-    let next_seq = match (&next, records.last()) {
-        (Some(_), Some(last)) => Some(last.seq + 1),
+    );
+    if let Some(e) = stopped {
+        return Err(e);
+    }
+    Ok(match (next?, last) {
+        (Some(_), Some(last)) => Some(last + 1),
         _ => None,
-    };
-    Ok(LogPage { records, next_seq })
+    })
 }
 
 /// Parses one record row into its sequence number, its digest and its payload (borrowed from

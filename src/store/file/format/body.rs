@@ -18,10 +18,11 @@ pub enum JournalOp {
     DeleteRange(KeyRange),
 }
 
-/// A decoded record body.
+/// A decoded record body. The partition name is borrowed from the body's bytes: a chain walk
+/// only compares it with the partition it walks, so it is not copied for every record.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Body {
-    pub partition: Vec<u8>,
+pub struct Body<'a> {
+    pub partition: &'a [u8],
     pub prev: Loc,
     pub content: Content,
 }
@@ -238,15 +239,15 @@ pub fn decode_base_part_head(body: &[u8]) -> Option<(u32, u32)> {
 }
 
 /// Decodes a whole body. Fails (never panics) on any malformed input.
-pub fn decode_body(kind: RecordKind, body: &[u8]) -> Result<Body> {
+pub fn decode_body(kind: RecordKind, body: &[u8]) -> Result<Body<'_>> {
     decode_body_inner(kind, body)
         .ok_or_else(|| Error::corrupt("journal record", "malformed record body"))
 }
 
-fn decode_body_inner(kind: RecordKind, body: &[u8]) -> Option<Body> {
+fn decode_body_inner(kind: RecordKind, body: &[u8]) -> Option<Body<'_>> {
     let mut r = Reader { bytes: body, at: 0 };
     let n = r.u8()? as usize;
-    let partition = r.take(n)?.to_vec();
+    let partition = r.take(n)?;
     let prev = r.u64()?;
     let place = match kind {
         RecordKind::BasePart => {
