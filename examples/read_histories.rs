@@ -9,10 +9,13 @@
 //! cargo run --release --example read_histories -- fill logs DIR ENTITIES RECORDS LEN  # interleaved
 //! cargo run --release --example read_histories -- fill big DIR ENTITIES RECORDS LEN   # entity by entity
 //! perf record -g target/release/examples/read_histories read DIR ENTITIES RECORDS RUNS
+//! cargo run --release --example read_histories -- compact DIR
 //! ```
 //!
 //! `read` opens the store, reads every history and closes it `RUNS` times, printing each
-//! run's time and the median.
+//! run's time and the median. `compact` compacts the store whole (every history then one base
+//! and its values laid out together), to measure what the layout costs a read against a fill
+//! as the background compactions left it.
 
 use std::time::Instant;
 
@@ -84,6 +87,18 @@ fn main() -> R<()> {
         Some("fill") if args.len() == 6 => {
             fill(&args[1], &args[2], num(3)?, num(4)?, num(5)? as usize)
         }
+        Some("compact") if args.len() == 2 => {
+            // Compaction syncs everything it copied before it deletes anything, whatever the
+            // policy; a sync per copied record would only make this slow.
+            let store = FileStore::builder(&args[1])
+                .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+                .open()?;
+            let started = Instant::now();
+            let report = store.compact()?;
+            store.close()?;
+            println!("compacted in {:?}: {report:?}", started.elapsed());
+            Ok(())
+        }
         Some("read") if args.len() == 5 => {
             let mut times = Vec::new();
             for _ in 0..num(4)? {
@@ -93,8 +108,10 @@ fn main() -> R<()> {
             println!("median read all {:.1} ms", times[times.len() / 2]);
             Ok(())
         }
-        _ => Err(
-            "usage: fill logs|big DIR ENTITIES RECORDS LEN | read DIR ENTITIES RECORDS RUNS".into(),
-        ),
+        _ => Err(concat!(
+            "usage: fill logs|big DIR ENTITIES RECORDS LEN | read DIR ENTITIES RECORDS RUNS",
+            " | compact DIR"
+        )
+        .into()),
     }
 }

@@ -9,7 +9,7 @@ use std::alloc::System;
 use std::sync::Mutex;
 
 use portcullis::log;
-use portcullis::store::{Batch, FileStore, MemoryStore, Partition, Store, SyncPolicy};
+use portcullis::store::{Batch, FileStore, KeyRange, MemoryStore, Partition, Store, SyncPolicy};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]
@@ -218,5 +218,79 @@ fn a_chain_walk_allocates_about_what_its_records_hold() {
         "a load of {CHAIN} small records allocated {allocated} bytes"
     );
     assert_eq!(store.get(&p, b"k007").unwrap(), Some(vec![7u8; 150]));
+    store.close().unwrap();
+}
+
+/// Values of the page the test below reads.
+const SCATTERED: usize = 40;
+
+/// Reallocations, and the bytes they grew buffers by, while scanning `p` whole (loaded
+/// already).
+fn reallocations_of_a_scan(store: &FileStore, p: &Partition) -> (usize, usize) {
+    let mut values = 0;
+    let region = Region::new(GLOBAL);
+    store
+        .scan_visit(p, &KeyRange::all(), None, 1_000, &mut |_, v| {
+            assert_eq!(v, &[7u8; 200][..]);
+            values += 1;
+            Ok(())
+        })
+        .unwrap();
+    let change = region.change();
+    assert_eq!(values, SCATTERED);
+    (
+        change.reallocations,
+        change.bytes_reallocated.max(0) as usize,
+    )
+}
+
+/// The values of a page are read into one buffer sized once for all of its reads: a page
+/// whose values each take a read of their own (another partition's large values lie between
+/// them) moves no already-read bytes as the buffer grows, so it reallocates no more than the
+/// same page read with one read.
+#[test]
+fn a_page_read_with_many_reads_sizes_its_value_buffer_once() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (together, apart, other) = (
+        Partition::new("e/together").unwrap(),
+        Partition::new("e/apart").unwrap(),
+        Partition::new("e/other").unwrap(),
+    );
+    let open = || {
+        FileStore::builder(dir.path())
+            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+            .base_every_records(2)
+            .auto_compact(false)
+            .open()
+            .unwrap()
+    };
+    {
+        let store = open();
+        let put = |p: &Partition, i: usize, value: Vec<u8>| {
+            let b = Batch::new().put(format!("k{i:03}").into_bytes(), value);
+            assert!(store.apply(p, &b).unwrap().is_committed());
+        };
+        for i in 0..SCATTERED {
+            put(&together, i, vec![7u8; 200]);
+        }
+        for i in 0..SCATTERED {
+            put(&apart, i, vec![7u8; 200]);
+            // Far more than a merged read may skip between two values.
+            put(&other, i, vec![1u8; 16 << 10]);
+        }
+        store.close().unwrap();
+    }
+    let store = open();
+    for p in [&together, &apart] {
+        assert_eq!(store.get(p, b"absent").unwrap(), None);
+    }
+    let (one_read, _) = reallocations_of_a_scan(&store, &together);
+    let (many_reads, grown) = reallocations_of_a_scan(&store, &apart);
+    assert!(
+        many_reads <= one_read,
+        "{many_reads} reallocations (growing buffers by {grown} bytes) for a page read with \
+         {SCATTERED} reads, {one_read} with one"
+    );
     store.close().unwrap();
 }

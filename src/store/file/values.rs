@@ -5,12 +5,12 @@
 //! whole during a chain walk, so the first reads after a load take their values from the bytes
 //! the load has just read instead of reading them again.
 //!
-//! Merging: every value of a request is read into one buffer (no buffer per value); the
-//! locations are sorted; values in one segment that lie at most [`MERGE_GAP`]
-//! bytes apart are read with one read spanning at most [`MERGE_SPAN`] bytes, and each value is
-//! cut out of it. Every value still passes its own checksum, and damage still answers `Corrupt`
-//! naming the partition, the segment and the value's offset: a merged read that fails is retried
-//! value by value, so the error names the value it concerns (SPEC S4).
+//! Merging: every value of a request is read into one buffer (no buffer per value), sized once for
+//! all of the request's reads; the locations are sorted; values in one segment that lie at most
+//! [`MERGE_GAP`] bytes apart are read with one read spanning at most [`MERGE_SPAN`] bytes, and each
+//! value is cut out of it. Every value still passes its own checksum, and damage still answers
+//! `Corrupt` naming the partition, the segment and the value's offset: a merged read that fails is
+//! retried value by value, so the error names the value it concerns (SPEC S4).
 //!
 //! The cache holds only bodies whose checksum passed when they were read, keyed by location.
 //! A location's bytes never change while its segment exists (the journal's tail only moves
@@ -217,12 +217,63 @@ pub fn read_into(
         .filter(|&i| out.spans[i].start == usize::MAX)
         .collect();
     todo.sort_by_key(|&i| locs[i].at);
-    let mut run_start = 0;
-    while run_start < todo.len() {
-        let first = &locs[todo[run_start]];
-        let (start, mut end) = (first.at, first.at + first.len as u64);
-        let mut run_end = run_start + 1;
-        while let Some(&i) = todo.get(run_end) {
+    // The buffer is sized once for every read of the request: grown read by read, it would be
+    // moved (copying what was already read) each time it doubled.
+    out.bytes.reserve_exact(buffer_bytes(locs, &todo));
+    for r in merged_runs(locs, &todo) {
+        let run = &todo[r.first..r.last];
+        if run.len() == 1 {
+            let v = &locs[run[0]];
+            let at = read_one(journal, v, partition, &mut out.bytes)?;
+            out.spans[run[0]] = Span::read(at, v);
+        } else {
+            read_run(
+                journal, locs, run, r.start, r.end, partition, check, &mut out,
+            )?;
+        }
+    }
+    Ok((out, from_recent))
+}
+
+/// One read of [`read_into`]: the values `todo[first..last]`, which lie in `start..end`.
+struct Run {
+    first: usize,
+    last: usize,
+    start: Loc,
+    end: Loc,
+}
+
+/// The most bytes the buffer of [`read_into`] holds while it reads the values of `todo`: each
+/// read's span on top of what the reads before it kept (their spans, or only their values
+/// where gaps were closed: see [`read_run`]), so sizing it once takes no more memory than
+/// growing it would.
+fn buffer_bytes(locs: &[ValueLoc], todo: &[usize]) -> usize {
+    let (mut kept, mut most) = (0usize, 0usize);
+    for r in merged_runs(locs, todo) {
+        let span = (r.end - r.start) as usize;
+        most = most.max(kept + span);
+        let values: usize = todo[r.first..r.last]
+            .iter()
+            .map(|&i| locs[i].len as usize)
+            .sum();
+        kept += if r.last - r.first > 1 && span > 2 * values {
+            values
+        } else {
+            span
+        };
+    }
+    most
+}
+
+/// The reads that take the values of `todo` (indexes into `locs`, sorted by location): values
+/// of one segment at most [`MERGE_GAP`] apart, spanning at most [`MERGE_SPAN`], go together.
+fn merged_runs<'a>(locs: &'a [ValueLoc], todo: &'a [usize]) -> impl Iterator<Item = Run> + 'a {
+    let mut first = 0;
+    std::iter::from_fn(move || {
+        let v = &locs[*todo.get(first)?];
+        let (start, mut end) = (v.at, v.at + v.len as u64);
+        let mut last = first + 1;
+        while let Some(&i) = todo.get(last) {
             let v = &locs[i];
             let v_end = v.at + v.len as u64;
             let joins = loc_segment(v.at) == loc_segment(start)
@@ -232,18 +283,17 @@ pub fn read_into(
                 break;
             }
             end = end.max(v_end);
-            run_end += 1;
+            last += 1;
         }
-        let run = &todo[run_start..run_end];
-        if run.len() == 1 {
-            let at = read_one(journal, first, partition, &mut out.bytes)?;
-            out.spans[run[0]] = Span::read(at, first);
-        } else {
-            read_run(journal, locs, run, start, end, partition, check, &mut out)?;
-        }
-        run_start = run_end;
-    }
-    Ok((out, from_recent))
+        let run = Run {
+            first,
+            last,
+            start,
+            end,
+        };
+        first = last;
+        Some(run)
+    })
 }
 
 impl Span {
@@ -358,6 +408,37 @@ mod tests {
             len: bytes.len() as u32,
             crc: crc32c::crc32c(bytes),
         }
+    }
+
+    /// The buffer sized up front is what growing it read by read would reach, not the sum of
+    /// the reads' spans: a read that is mostly gaps keeps only its values (SPEC S8).
+    #[test]
+    fn the_read_buffer_is_sized_for_one_read_on_top_of_what_the_reads_before_keep() {
+        let v = |segment: u32, offset: u64| ValueLoc {
+            at: loc(segment, offset),
+            len: 100,
+            crc: 0,
+        };
+        // Three reads of two values 3,000 bytes apart (3,200 bytes each, 200 of values), then
+        // one of two adjacent values, then a lone value in another segment.
+        let locs = [
+            v(1, 0),
+            v(1, 3_100),
+            v(1, 20_000),
+            v(1, 23_100),
+            v(1, 40_000),
+            v(1, 43_100),
+            v(1, 60_000),
+            v(1, 60_100),
+            v(2, 0),
+        ];
+        let todo: Vec<usize> = (0..locs.len()).collect();
+        assert_eq!(merged_runs(&locs, &todo).count(), 5);
+        // Each gapped read keeps its 200 bytes of values; the last gapped one needs its span on
+        // top of the 400 kept before it.
+        assert_eq!(buffer_bytes(&locs, &todo), 400 + 3_200);
+        let adjacent = [v(1, 0), v(1, 100), v(2, 0), v(3, 0)];
+        assert_eq!(buffer_bytes(&adjacent, &[0, 1, 2, 3]), 400);
     }
 
     #[test]
