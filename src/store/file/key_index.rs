@@ -177,6 +177,18 @@ impl KeyIndex {
     /// Sets `key`'s location; returns the one it replaces.
     pub fn insert(&mut self, key: impl AsRef<[u8]>, loc: ValueLoc) -> Option<ValueLoc> {
         let key = key.as_ref();
+        // The usual case (a log's next key, a base record's entries), in as few steps as can
+        // be: past the run's last key, with no side map that could hold it.
+        if self.side.is_empty()
+            && self.fits(key)
+            && self
+                .ends
+                .last()
+                .is_none_or(|_| key > self.key(self.ends.len() - 1))
+        {
+            self.push(key, loc);
+            return None;
+        }
         match self.find(key) {
             Ok(i) if self.is_dead(i) => {
                 self.ends[i] &= !DEAD;
@@ -191,9 +203,7 @@ impl KeyIndex {
                 if let Some(slot) = self.side.get_mut(key) {
                     return Some(std::mem::replace(slot, loc));
                 }
-                self.arena.extend_from_slice(key);
-                self.ends.push(self.arena.len() as u32);
-                self.locs.push(loc);
+                self.push(key, loc);
                 None
             }
             Err(_) => {
@@ -204,6 +214,14 @@ impl KeyIndex {
                 old
             }
         }
+    }
+
+    /// Appends `key`, which is past the run's last key and fits.
+    #[inline]
+    fn push(&mut self, key: &[u8], loc: ValueLoc) {
+        self.arena.extend_from_slice(key);
+        self.ends.push(self.arena.len() as u32);
+        self.locs.push(loc);
     }
 
     /// Whether `key` can be appended to the arena.
@@ -343,9 +361,7 @@ impl KeyIndex {
     /// map once the arena is full.
     fn push_or_keep(&mut self, key: &[u8], loc: ValueLoc) {
         if self.side.is_empty() && self.fits(key) {
-            self.arena.extend_from_slice(key);
-            self.ends.push(self.arena.len() as u32);
-            self.locs.push(loc);
+            self.push(key, loc);
         } else {
             self.side.insert(Box::from(key), loc);
         }
@@ -363,8 +379,19 @@ impl KeyIndex {
         self.iter().map(|(k, _)| k)
     }
 
+    /// Every location, in key order. Without a side map that is the run's live ones as they
+    /// lie, walked without looking at a key (loads check every value's segment this way).
     pub fn values(&self) -> impl Iterator<Item = &ValueLoc> {
-        self.iter().map(|(_, v)| v)
+        let run_only = self.side.is_empty();
+        let run = run_only.then(|| {
+            let live = self.ends.iter().map(|&end| end & DEAD == 0);
+            live.zip(&self.locs)
+                .filter_map(|(live, loc)| live.then_some(loc))
+        });
+        let merged = (!run_only).then(|| self.iter().map(|(_, v)| v));
+        run.into_iter()
+            .flatten()
+            .chain(merged.into_iter().flatten())
     }
 
     /// The keys in `range` and their locations, in key order. Shaped like `BTreeMap::range`
@@ -378,9 +405,16 @@ impl KeyIndex {
         let range = (as_bytes(range.start_bound()), as_bytes(range.end_bound()));
         let mut side = (valid_range(range) && !self.side.is_empty())
             .then(|| self.side.range::<[u8], _>(range));
+        let run = self.run_range(range);
         Iter {
-            index: self,
-            run: self.run_range(range),
+            arena: &self.arena,
+            start: if run.start == 0 {
+                0
+            } else {
+                (self.ends[run.start - 1] & !DEAD) as usize
+            },
+            ends: &self.ends[run.clone()],
+            locs: &self.locs[run],
             next_side: next_side(&mut side),
             side,
         }
@@ -427,37 +461,64 @@ impl<K: AsRef<[u8]>> FromIterator<(K, ValueLoc)> for KeyIndex {
 
 /// An ordered walk over part of a [`KeyIndex`]: the run's live keys merged with the side map's.
 pub struct Iter<'a> {
-    index: &'a KeyIndex,
-    /// Run positions not yet visited.
-    run: Range<usize>,
+    arena: &'a [u8],
+    /// Where the first key of `ends` starts in `arena`.
+    start: usize,
+    /// The end offsets and locations of the run's keys not yet visited.
+    ends: &'a [u32],
+    locs: &'a [ValueLoc],
     side: Option<btree_map::Range<'a, Box<[u8]>, ValueLoc>>,
     /// The side map's next entry, looked at ahead.
     next_side: Option<(&'a [u8], &'a ValueLoc)>,
 }
 
+impl<'a> Iter<'a> {
+    /// The run's next live key, whatever the side map holds.
+    #[inline]
+    fn next_in_run(&mut self) -> Option<(&'a [u8], &'a ValueLoc)> {
+        while let [end, ends @ ..] = self.ends {
+            let end_at = (end & !DEAD) as usize;
+            let key = &self.arena[self.start..end_at];
+            let (loc, locs) = self.locs.split_first()?;
+            (self.start, self.ends, self.locs) = (end_at, ends, locs);
+            if end & DEAD == 0 {
+                return Some((key, loc));
+            }
+        }
+        None
+    }
+
+    /// The next entry while the side map has some left: the smaller of its next key and the
+    /// run's.
+    #[inline(never)]
+    fn next_merged(&mut self) -> Option<(&'a [u8], &'a ValueLoc)> {
+        let side = self.next_side?;
+        let run_first = {
+            let mut ahead = Iter {
+                side: None,
+                next_side: None,
+                ..*self
+            };
+            ahead.next_in_run().map(|(k, _)| k < side.0)
+        };
+        if run_first == Some(true) {
+            return self.next_in_run();
+        }
+        self.next_side = next_side(&mut self.side);
+        Some(side)
+    }
+}
+
 impl<'a> Iterator for Iter<'a> {
     type Item = (&'a [u8], &'a ValueLoc);
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        let index = self.index;
-        while self.run.start < self.run.end && index.is_dead(self.run.start) {
-            self.run.start += 1;
+        if self.next_side.is_none() {
+            // Only the run is left: the usual case.
+            return self.next_in_run();
         }
-        let run_next = (self.run.start < self.run.end).then(|| index.key(self.run.start));
-        let from_run = match (run_next, self.next_side) {
-            (None, None) => return None,
-            (Some(k), Some((s, _))) => k < s,
-            (Some(_), None) => true,
-            (None, Some(_)) => false,
-        };
-        if from_run {
-            let at = self.run.start;
-            self.run.start += 1;
-            return Some((index.key(at), &index.locs[at]));
-        }
-        let next = self.next_side.take();
-        self.next_side = next_side(&mut self.side);
-        next
+        self.next_merged()
     }
 }
 
@@ -470,6 +531,7 @@ pub struct Entries<'a> {
 impl<'a> Iterator for Entries<'a> {
     type Item = (&'a [u8], &'a ValueLoc);
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         let next = self.iter.next()?;
         self.left -= 1;

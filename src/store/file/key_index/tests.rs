@@ -41,6 +41,8 @@ fn check(index: &KeyIndex, model: &BTreeMap<Vec<u8>, ValueLoc>) {
     let got: Vec<(Vec<u8>, ValueLoc)> = index.iter().map(|(k, v)| (k.to_vec(), *v)).collect();
     let want: Vec<(Vec<u8>, ValueLoc)> = model.iter().map(|(k, v)| (k.clone(), *v)).collect();
     assert_eq!(got, want);
+    assert!(index.values().eq(model.values()));
+    assert_eq!(index.iter().len(), model.len());
 }
 
 fn in_bounds(k: &[u8], (start, end): (Bound<&[u8]>, Bound<&[u8]>)) -> bool {
