@@ -9,6 +9,8 @@
 //! - overwriting a key of the run updates its location in place, and removing one marks it dead
 //!   (a bit in its end offset), so a later insert of the same key revives it in place; removing
 //!   the run's last keys truncates the run instead;
+//! - a new key close to the run's end (at most [`SHIFT_KEYS`] keys after it) is put in place,
+//!   the keys after it moving up;
 //! - any other new key goes to a small ordered side map, disjoint from the run.
 //!
 //! When the side map and the dead keys together pass a quarter of the run, both are merged into
@@ -32,6 +34,11 @@ const ARENA_MAX: u32 = DEAD - 1;
 /// Side map entries and dead keys always allowed before a merge, so small indexes are not
 /// merged on every insert.
 const MERGE_MIN: usize = 32;
+/// A new key with at most this many keys, of at most [`SHIFT_BYTES`] in all, after it in the
+/// run is put in the run in place (they move up), not in the side map: a bounded move, and a
+/// small partition whose keys come a little out of order keeps no side map.
+const SHIFT_KEYS: usize = 32;
+const SHIFT_BYTES: usize = 4096;
 
 /// A partition's keys and value locations, ordered by key (as bytes, like `[u8]`'s `Ord`).
 #[derive(Clone, Debug)]
@@ -114,8 +121,7 @@ impl KeyIndex {
 
     /// Key `i` of the run.
     fn key(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] & !DEAD };
-        &self.arena[start as usize..(self.ends[i] & !DEAD) as usize]
+        &self.arena[self.start_of(i)..(self.ends[i] & !DEAD) as usize]
     }
 
     fn is_dead(&self, i: usize) -> bool {
@@ -197,31 +203,60 @@ impl KeyIndex {
                 None
             }
             Ok(i) => Some(std::mem::replace(&mut self.locs[i], loc)),
-            Err(at) if at == self.ends.len() && self.fits(key) => {
-                // Past the run's last key, but the side map may hold it (inserted while the
-                // run ended before it, or past the arena's limit).
+            Err(at) => {
+                // Not in the run, but the side map may hold it (inserted when it could not go
+                // in the run, or past the arena's limit).
                 if let Some(slot) = self.side.get_mut(key) {
                     return Some(std::mem::replace(slot, loc));
                 }
-                self.push(key, loc);
-                None
-            }
-            Err(_) => {
-                let old = self.side.insert(Box::from(key), loc);
-                if old.is_none() {
-                    self.maybe_merge();
+                if at == self.ends.len() && self.fits(key) {
+                    self.push(key, loc);
+                    return None;
                 }
-                old
+                // Close to the end of the run: moving the keys after it costs less than a
+                // side map entry (a log's head row, written after its first record).
+                if self.ends.len() - at <= SHIFT_KEYS
+                    && self.fits(key)
+                    && self.arena.len() - self.start_of(at) <= SHIFT_BYTES
+                {
+                    self.insert_at(at, key, loc);
+                    return None;
+                }
+                self.side.insert(Box::from(key), loc);
+                self.maybe_merge();
+                None
             }
         }
     }
-
     /// Appends `key`, which is past the run's last key and fits.
     #[inline]
     fn push(&mut self, key: &[u8], loc: ValueLoc) {
         self.arena.extend_from_slice(key);
         self.ends.push(self.arena.len() as u32);
         self.locs.push(loc);
+    }
+
+    /// Where run key `i` starts in the arena (the arena's end for `i` past the last key).
+    fn start_of(&self, i: usize) -> usize {
+        if i == 0 {
+            0
+        } else {
+            (self.ends[i - 1] & !DEAD) as usize
+        }
+    }
+
+    /// Puts `key`, which belongs at run position `at` and fits, there: the keys after it move
+    /// up by its length.
+    fn insert_at(&mut self, at: usize, key: &[u8], loc: ValueLoc) {
+        let start = self.start_of(at);
+        self.arena.extend_from_slice(key);
+        self.arena[start..].rotate_right(key.len());
+        // The offsets stay below DEAD (the arena fits), so the dead mark is kept.
+        for end in &mut self.ends[at..] {
+            *end += key.len() as u32;
+        }
+        self.ends.insert(at, (start + key.len()) as u32);
+        self.locs.insert(at, loc);
     }
 
     /// Whether `key` can be appended to the arena.

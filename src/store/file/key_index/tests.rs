@@ -248,31 +248,56 @@ fn removing_the_last_keys_shrinks_the_arena() {
 }
 
 #[test]
-fn out_of_order_keys_merge_once_past_the_threshold() {
-    // One key in the run; the rest come before it and go to the side map, until there are
-    // more than MERGE_MIN there.
+fn keys_close_to_the_end_go_in_place() {
+    // A log's head row comes after its first record but sorts before it.
     let mut index = KeyIndex::new();
-    index.insert(be(1_000), loc(0));
+    index.insert(b"\0log.rec\0\0\0\0\0\0\0\x01", loc(1));
+    index.insert(b"\0log.head", loc(2));
+    assert!(index.side.is_empty());
+    assert_eq!(index.ends.len(), 2);
+    // A key with SHIFT_KEYS keys after it goes in place; one with more goes to the side map.
+    let mut index: KeyIndex = (100..100 + SHIFT_KEYS as u64)
+        .map(|n| (be(n), loc(0)))
+        .collect();
+    index.insert(be(1), loc(1));
+    assert_eq!((index.ends.len(), index.side.len()), (SHIFT_KEYS + 1, 0));
+    index.insert(be(0), loc(1));
+    assert_eq!((index.ends.len(), index.side.len()), (SHIFT_KEYS + 1, 1));
+    // So does one with more than SHIFT_BYTES of keys after it.
+    let long = |n: u8| vec![n; 1024];
+    let mut index: KeyIndex = (1..=4).map(|n| (long(n), loc(0))).collect();
+    index.insert(long(0), loc(1));
+    assert_eq!((index.ends.len(), index.side.len()), (5, 0));
+    index.insert([0u8], loc(1));
+    assert_eq!((index.ends.len(), index.side.len()), (5, 1));
+    let model = index.iter().map(|(k, v)| (k.to_vec(), *v)).collect();
+    check(&index, &model);
+}
+
+#[test]
+fn out_of_order_keys_merge_once_past_the_threshold() {
+    // A run of 100 keys; the keys that come before them go to the side map, until there are
+    // more than MERGE_MIN there.
+    let mut index: KeyIndex = (1_000..1_100u64).map(|n| (be(n), loc(0))).collect();
     for n in 0..MERGE_MIN as u64 {
         index.insert(be(999 - n), loc(1));
     }
     assert_eq!(
         (index.side.len(), index.ends.len(), index.merges),
-        (MERGE_MIN, 1, 0)
+        (MERGE_MIN, 100, 0)
     );
     index.insert(be(10), loc(2));
+    let merged = 100 + MERGE_MIN + 1;
     assert_eq!(
         (index.side.len(), index.ends.len(), index.merges),
-        (0, MERGE_MIN + 2, 1)
+        (0, merged, 1)
     );
-    let mut want: Vec<[u8; 8]> = (0..=MERGE_MIN as u64).map(|n| be(1_000 - n)).collect();
+    let mut want: Vec<[u8; 8]> = (968..1_100u64).map(be).collect();
     want.push(be(10));
     want.sort();
     assert!(index.keys().eq(want.iter().map(|k| &k[..])));
-    check(
-        &index,
-        &index.iter().map(|(k, v)| (k.to_vec(), *v)).collect(),
-    );
+    let model = index.iter().map(|(k, v)| (k.to_vec(), *v)).collect();
+    check(&index, &model);
 }
 
 #[test]
@@ -317,9 +342,10 @@ fn merges_stay_few_whatever_the_order() {
 
 #[test]
 fn inverted_and_empty_ranges_are_empty() {
-    // Keys in the run and in the side map (inserted after a greater one).
+    // Keys in the run and in the side map (inserted before more than SHIFT_KEYS others).
     let index: KeyIndex = (0..100u64)
-        .chain([1_000, 500, 50])
+        .map(|n| n * 2)
+        .chain([1_000, 500, 50, 3])
         .map(|n| (be(n), loc(0)))
         .collect();
     assert_eq!(index.side.len(), 1);
@@ -348,10 +374,10 @@ fn inverted_and_empty_ranges_are_empty() {
             .count(),
         1
     );
-    let c = &be(500)[..];
+    let c = &be(3)[..];
     assert_eq!(
         index
-            .range::<[u8], _>((Bound::Included(c), Bound::Included(b)))
+            .range::<[u8], _>((Bound::Included(c), Bound::Included(&be(2)[..])))
             .count(),
         0
     );
