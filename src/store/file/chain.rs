@@ -56,7 +56,7 @@ pub fn write_base(
         count += 1;
     }
     plan.push(count);
-    let mut entries = index.iter().map(|(k, v)| (&**k, v));
+    let mut entries = index.iter();
     let place_head = |lsn, at| state.place_head(lsn, at);
     if plan.len() == 1 {
         let body = format::encode_base_body(name, partition::head_of(state), entries);
@@ -268,22 +268,20 @@ pub fn load_index(
     // as compaction leaves it, puts none).
     state.warm.store(!warm.is_empty(), Ordering::Relaxed);
     recent.insert_many(warm);
+    // Held until the partition is unloaded: no room left over from growing it.
+    index.shrink_to_fit();
     Ok((index, chain_len))
 }
 
 /// Applies a record's effect to the index being built; the record's body starts after `at`.
 fn apply(index: &mut Index, effect: Effect, at: Loc) {
     match effect {
-        // A base into an empty index (the usual case): built in one pass from its entries,
-        // which are in key order, instead of searching the tree for every key.
-        Effect::Entries(entries) if index.is_empty() => {
-            *index = entries
-                .into_iter()
-                .map(|(k, v)| (k.into_boxed_slice(), v))
-                .collect();
-        }
+        // A base's entries come in key order: into an empty index (the usual case) each one
+        // is appended to the index's arena, so room for all of them is made at once.
         Effect::Entries(entries) => {
-            index.extend(entries.into_iter().map(|(k, v)| (k.into_boxed_slice(), v)))
+            let bytes = entries.iter().map(|(k, _)| k.len()).sum();
+            index.reserve(entries.len(), bytes);
+            index.extend(entries);
         }
         Effect::Ops(ops, body) => {
             partition::apply_to_index(index, partition::journal_ops_to_index(at, body, ops));

@@ -445,7 +445,7 @@ fn movers(index: &partition::Index, victims: &HashSet<u32>) -> (Vec<Mover>, u64)
     let movers = index
         .iter()
         .filter(|(_, v)| victims.contains(&loc_segment(v.at)) || gathered.contains(&v.at))
-        .map(|(k, v)| (k.clone(), *v))
+        .map(|(k, v)| (Box::from(k), *v))
         .collect();
     (movers, total - inside)
 }

@@ -28,6 +28,7 @@ mod fault;
 mod format;
 mod heads;
 mod journal;
+mod key_index;
 mod open;
 mod ops;
 mod overlay;

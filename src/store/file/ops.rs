@@ -57,7 +57,7 @@ impl Store for FileStore {
         let _pin = inner.journal.pin();
         let locs: Vec<Option<ValueLoc>> = {
             let view = state.view.read();
-            keys.iter().map(|k| view.index.get(*k).copied()).collect()
+            keys.iter().map(|k| view.index.get(k).copied()).collect()
         };
         let mut values = inner
             .read_values(&state, &locs.iter().flatten().copied().collect::<Vec<_>>())?

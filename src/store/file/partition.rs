@@ -4,7 +4,7 @@
 //! Lock order inside a partition: `commit` (serialises writers) before `view` (what readers
 //! see). Readers take only `view`. Never hold either while waiting for another partition.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
@@ -13,7 +13,8 @@ use super::format::{self, FRAME_LEN, JournalOp, Loc, ValueLoc};
 use crate::error::Error;
 use crate::store::{KeyRange, Partition};
 
-pub type Index = BTreeMap<Box<[u8]>, ValueLoc>;
+/// A partition's key index (see [`KeyIndex`](super::key_index::KeyIndex)).
+pub type Index = super::key_index::KeyIndex;
 
 /// A partition that has been touched since open.
 pub struct PartState {
@@ -152,12 +153,12 @@ pub fn apply_to_index(index: &mut Index, ops: impl IntoIterator<Item = IndexOp>)
     for op in ops {
         match op {
             IndexOp::Put(k, v) => {
-                if let Some(old) = index.insert(k, v) {
+                if let Some(old) = index.insert(&*k, v) {
                     freed += old.len as u64;
                 }
             }
             IndexOp::Delete(k) => {
-                if let Some(old) = index.remove(&*k) {
+                if let Some(old) = index.remove(&k) {
                     freed += old.len as u64 + k.len() as u64;
                 }
             }
@@ -165,15 +166,9 @@ pub fn apply_to_index(index: &mut Index, ops: impl IntoIterator<Item = IndexOp>)
                 if r.is_empty() {
                     continue;
                 }
-                let doomed: Vec<Box<[u8]>> = index
-                    .range::<[u8], _>(r.as_bounds())
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for k in doomed {
-                    if let Some(old) = index.remove(&k) {
-                        freed += old.len as u64 + k.len() as u64;
-                    }
-                }
+                index.remove_range(r.as_bounds(), |k, old| {
+                    freed += old.len as u64 + k.len() as u64;
+                });
             }
         }
     }
