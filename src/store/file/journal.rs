@@ -68,11 +68,61 @@ enum Chunk {
         salt: u64,
         sealed_end: u64,
     },
+    /// The next `len` bytes of the queue's buffer, to be written at `offset` of `segment`.
     Bytes {
         segment: u32,
         offset: u64,
-        bytes: Vec<u8>,
+        len: usize,
     },
+}
+
+/// What appenders queue for the next leader: the chunks in order and the bytes of every
+/// [`Chunk::Bytes`] one after the other. A leader swaps it for the spare and hands it back
+/// emptied, so a steady stream of commits allocates no queue memory.
+#[derive(Default)]
+struct Queue {
+    chunks: Vec<Chunk>,
+    bytes: Vec<u8>,
+    /// Records appended since a leader last took the queue.
+    records: usize,
+}
+
+/// A queue's buffer is kept as the spare only up to this capacity: one large record (a base,
+/// a big batch) must not keep its memory for the journal's lifetime.
+const SPARE_QUEUE_BYTES: usize = 1 << 20;
+
+impl Queue {
+    /// Appends one record's frame and body, extending the last chunk when the record follows
+    /// it in the same segment (one write for a run of records).
+    fn push(&mut self, segment: u32, offset: u64, header: &[u8], body: &[u8]) {
+        let len = header.len() + body.len();
+        match self.chunks.last_mut() {
+            Some(Chunk::Bytes {
+                segment: s,
+                offset: o,
+                len: l,
+            }) if *s == segment && *o + *l as u64 == offset => *l += len,
+            _ => self.chunks.push(Chunk::Bytes {
+                segment,
+                offset,
+                len,
+            }),
+        }
+        self.bytes.extend_from_slice(header);
+        self.bytes.extend_from_slice(body);
+    }
+
+    /// Empties a queue a leader wrote, for reuse as the spare; `None` if it grew too large to
+    /// keep.
+    fn recycle(mut self) -> Option<Queue> {
+        if self.bytes.capacity() > SPARE_QUEUE_BYTES {
+            return None;
+        }
+        self.chunks.clear();
+        self.bytes.clear();
+        self.records = 0;
+        Some(self)
+    }
 }
 
 struct State {
@@ -80,19 +130,22 @@ struct State {
     tail_segment: u32,
     tail_seed: u32,
     tail_offset: u64,
-    queue: Vec<Chunk>,
+    queue: Queue,
+    /// An emptied queue for the next leader to swap in (see [`Queue`]).
+    spare: Queue,
     /// Newest LSN written to its segment file (visible to reads, maybe not durable).
     written_lsn: u64,
     /// Newest LSN known durable.
     synced_lsn: u64,
     /// Segments written since their last sync.
     dirty: Vec<u32>,
+    /// The file the last leader wrote or synced, by segment number: the next one starts from
+    /// it instead of looking the tail up again. Only the leader uses it.
+    last_file: Option<(u32, Arc<dyn VfsFile>)>,
     leader_active: bool,
     failed: Option<String>,
     /// Set at close: no record may be appended after the final snapshot.
     sealed: bool,
-    /// Commits appended since a leader last took the queue.
-    queued_records: usize,
     /// A leader is waiting for the commits under way to append.
     gathering: bool,
     /// Counts finished leader rounds; picks the condvar of the running round's waiters.
@@ -107,6 +160,9 @@ pub struct JournalCounters {
     pub syncs: AtomicU64,
     pub bytes_appended: AtomicU64,
     pub records: AtomicU64,
+    /// Leader rounds that waited for announced commits to append before syncing (a lone
+    /// committer's never do).
+    pub gathers: AtomicU64,
 }
 
 pub struct Journal {
@@ -222,14 +278,15 @@ impl Journal {
                 tail_segment: tail.tail_segment,
                 tail_seed: tail.tail_seed,
                 tail_offset: tail.tail_offset,
-                queue: Vec::new(),
+                queue: Queue::default(),
+                spare: Queue::default(),
                 written_lsn: next_lsn - 1,
                 synced_lsn: next_lsn - 1,
                 dirty: Vec::new(),
+                last_file: None,
                 leader_active: false,
                 failed: None,
                 sealed: false,
-                queued_records: 0,
                 gathering: false,
                 generation: 0,
                 leader_target: 0,
@@ -300,10 +357,10 @@ impl Journal {
         let record_len = (FRAME_LEN + body.len()) as u64;
         let mut st = self.state.lock();
         if fulfils_intent {
-            st.queued_records += 1;
+            st.queue.records += 1;
             // Under the mutex, so a gathering leader cannot miss it; and only once the leader's
             // wait is over, so it is not woken for every record.
-            if st.gathering && st.queued_records >= self.active.load(Ordering::Acquire) {
+            if st.gathering && st.queue.records >= self.active.load(Ordering::Acquire) {
                 self.gathered.notify_all();
             }
         }
@@ -320,7 +377,7 @@ impl Journal {
             st.tail_seed = format::salt_seed(salt);
             st.tail_offset = SEGMENT_HEADER_LEN;
             let number = st.tail_segment;
-            st.queue.push(Chunk::NewSegment {
+            st.queue.chunks.push(Chunk::NewSegment {
                 number,
                 salt,
                 sealed_end,
@@ -339,26 +396,7 @@ impl Journal {
         let header = format::encode_frame(st.tail_seed, &frame);
         let (segment, offset) = (st.tail_segment, st.tail_offset);
         st.tail_offset += record_len;
-        match st.queue.last_mut() {
-            Some(Chunk::Bytes {
-                segment: s,
-                offset: o,
-                bytes,
-            }) if *s == segment && *o + bytes.len() as u64 == offset => {
-                bytes.extend_from_slice(&header);
-                bytes.extend_from_slice(body);
-            }
-            _ => {
-                let mut bytes = Vec::with_capacity(record_len as usize);
-                bytes.extend_from_slice(&header);
-                bytes.extend_from_slice(body);
-                st.queue.push(Chunk::Bytes {
-                    segment,
-                    offset,
-                    bytes,
-                });
-            }
-        }
+        st.queue.push(segment, offset, &header, body);
         let at = loc(segment, offset);
         on_placed(lsn, at);
         self.counters

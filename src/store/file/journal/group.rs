@@ -1,15 +1,17 @@
 //! Group commit: the leader that takes the queue, writes it (preparing steps and rolling over
 //! segments on the way) and syncs it, and the waiters it wakes (SPEC S3).
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use parking_lot::MutexGuard;
 
 use super::super::format::{Loc, RecordKind, SEGMENT_HEADER_LEN};
+use super::super::vfs::VfsFile;
 use super::{
-    Chunk, Journal, State, SyncPolicy, create_segment_with, preallocation_target, prepare_step,
-    size_step,
+    Chunk, Journal, Queue, State, SyncPolicy, create_segment_with, preallocation_target,
+    prepare_step, size_step,
 };
 use crate::error::{Error, Result};
 
@@ -67,13 +69,14 @@ impl Journal {
         st.leader_active = true;
         // Everything appended until the queue is taken below is covered by this round.
         st.leader_target = u64::MAX;
-        if sync && st.queued_records < self.active.load(Ordering::Acquire) {
+        if sync && st.queue.records < self.active.load(Ordering::Acquire) {
+            self.counters.gathers.fetch_add(1, Ordering::Relaxed);
             let budget = Duration::from_nanos(self.sync_nanos.load(Ordering::Relaxed) / 2)
                 .min(Duration::from_millis(1));
             let deadline = Instant::now() + budget;
             st.gathering = true;
             self.gathering.store(true, Ordering::SeqCst);
-            while st.queued_records < self.active.load(Ordering::SeqCst) {
+            while st.queue.records < self.active.load(Ordering::SeqCst) {
                 if self.gathered.wait_until(st, deadline).timed_out() {
                     break;
                 }
@@ -81,13 +84,19 @@ impl Journal {
             st.gathering = false;
             self.gathering.store(false, Ordering::SeqCst);
         }
-        st.queued_records = 0;
-        let queue = std::mem::take(&mut st.queue);
+        let spare = std::mem::take(&mut st.spare);
+        let queue = std::mem::replace(&mut st.queue, spare);
         // Only the leader touches `dirty`, so it can be taken and handed back.
         let dirty = std::mem::take(&mut st.dirty);
+        let mut last = st.last_file.take();
         let target = st.next_lsn - 1;
         st.leader_target = target;
-        let result = MutexGuard::unlocked(st, || self.write_queue(queue, dirty, sync));
+        let (result, queue) = MutexGuard::unlocked(st, || {
+            let result = self.write_queue(&queue, dirty, &mut last, sync);
+            (result, queue.recycle())
+        });
+        st.spare = queue.unwrap_or_default();
+        st.last_file = last;
         st.leader_active = false;
         match result {
             Ok(still_dirty) => {
@@ -119,9 +128,19 @@ impl Journal {
     /// but not yet synced is synced, whatever the policy, so a sealed segment is always whole on
     /// disk and ends where its records end. With `sync`, everything is synced at the end.
     /// Returns the segments left unsynced.
-    fn write_queue(&self, queue: Vec<Chunk>, mut dirty: Vec<u32>, sync: bool) -> Result<Vec<u32>> {
-        for chunk in queue {
-            match chunk {
+    ///
+    /// `last` is the file last written or synced, kept from round to round: a round that writes
+    /// and syncs the tail (every round of a lone committer) does not look it up.
+    fn write_queue(
+        &self,
+        queue: &Queue,
+        mut dirty: Vec<u32>,
+        last: &mut Option<(u32, Arc<dyn VfsFile>)>,
+        sync: bool,
+    ) -> Result<Vec<u32>> {
+        let mut at = 0;
+        for chunk in &queue.chunks {
+            match *chunk {
                 Chunk::NewSegment {
                     number,
                     salt,
@@ -137,7 +156,7 @@ impl Journal {
                         }
                     }
                     for n in dirty.drain(..) {
-                        self.sync_segment(n)?;
+                        self.sync_segment(n, last)?;
                     }
                     let size = preallocation_target(SEGMENT_HEADER_LEN, self.segment_bytes);
                     let (segment, syncs) = create_segment_with(
@@ -156,9 +175,11 @@ impl Journal {
                 Chunk::Bytes {
                     segment,
                     offset,
-                    bytes,
+                    len,
                 } => {
-                    let file = self.segment(segment)?.file;
+                    let bytes = &queue.bytes[at..at + len];
+                    at += len;
+                    let file = self.file_of(segment, last)?;
                     // Only the tail is written to: chunks for a sealed segment come before the
                     // rollover that starts the next one.
                     let end = offset + bytes.len() as u64;
@@ -182,7 +203,7 @@ impl Journal {
                         self.tail_sized.store(size, Ordering::Relaxed);
                     }
                     self.wrote.store(true, Ordering::Relaxed);
-                    file.write_all_at(&bytes, offset)
+                    file.write_all_at(bytes, offset)
                         .map_err(|e| Error::io(format!("writing journal segment {segment}"), e))?;
                     if !dirty.contains(&segment) {
                         dirty.push(segment);
@@ -192,14 +213,30 @@ impl Journal {
         }
         if sync {
             for n in dirty.drain(..) {
-                self.sync_segment(n)?;
+                self.sync_segment(n, last)?;
             }
         }
         Ok(dirty)
     }
 
-    fn sync_segment(&self, number: u32) -> Result<()> {
-        let file = self.segment(number)?.file;
+    /// The file of segment `number`, from `last` when it is that segment's.
+    fn file_of(
+        &self,
+        number: u32,
+        last: &mut Option<(u32, Arc<dyn VfsFile>)>,
+    ) -> Result<Arc<dyn VfsFile>> {
+        match last {
+            Some((n, file)) if *n == number => Ok(file.clone()),
+            _ => {
+                let file = self.segment(number)?.file;
+                *last = Some((number, file.clone()));
+                Ok(file)
+            }
+        }
+    }
+
+    fn sync_segment(&self, number: u32, last: &mut Option<(u32, Arc<dyn VfsFile>)>) -> Result<()> {
+        let file = self.file_of(number, last)?;
         let started = Instant::now();
         file.sync_data()
             .map_err(|e| Error::io(format!("syncing journal segment {number}"), e))?;
@@ -245,8 +282,60 @@ impl Drop for AppendIntent<'_> {
         }
         // Under the mutex, so a leader between its check and its wait cannot miss this.
         let st = self.journal.state.lock();
-        if st.gathering && st.queued_records >= self.journal.active.load(Ordering::SeqCst) {
+        if st.gathering && st.queue.records >= self.journal.active.load(Ordering::SeqCst) {
             self.journal.gathered.notify_all();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use crate::store::{Batch, FileStore, Partition, Store};
+
+    fn put(store: &FileStore, p: &Partition, i: u32) {
+        let b = Batch::new().put(format!("k{i}").into_bytes(), vec![7; 100]);
+        assert!(store.apply(p, &b).unwrap().is_committed());
+    }
+
+    /// A lone committer leads every sync itself and never waits for a gather window: nobody
+    /// else is under way, so waiting could only delay its own acknowledgement.
+    #[test]
+    fn a_lone_committer_never_waits_for_a_gather_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path()).unwrap();
+        let journal = &store.inner.journal;
+        let (a, b) = (Partition::new("a").unwrap(), Partition::new("b").unwrap());
+        let before = store.stats();
+        for i in 0..100 {
+            put(&store, if i % 2 == 0 { &a } else { &b }, i);
+        }
+        let after = store.stats();
+        assert_eq!(after.batches - before.batches, 100);
+        // One sync per commit (plus at most a step's): each commit was durable on its own.
+        assert!(after.syncs - before.syncs >= 100, "{after:?}");
+        assert_eq!(journal.counters.gathers.load(Ordering::Relaxed), 0);
+        store.close().unwrap();
+    }
+
+    /// While a commit is announced but not yet appended, the leader waits (a bounded time) for
+    /// it before syncing; the commit it leads is still acknowledged, and once the other commit
+    /// is withdrawn the leader no longer waits.
+    #[test]
+    fn a_leader_waits_for_an_announced_commit_only_while_one_is_under_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path()).unwrap();
+        let journal = &store.inner.journal;
+        let p = Partition::new("p").unwrap();
+        put(&store, &p, 0);
+        let on_its_way = journal.announce();
+        put(&store, &p, 1);
+        assert_eq!(journal.counters.gathers.load(Ordering::Relaxed), 1);
+        drop(on_its_way);
+        put(&store, &p, 2);
+        assert_eq!(journal.counters.gathers.load(Ordering::Relaxed), 1);
+        assert_eq!(store.get(&p, b"k1").unwrap(), Some(vec![7; 100]));
+        store.close().unwrap();
     }
 }
