@@ -210,7 +210,29 @@ impl SegmentSet {
     /// answers `Corrupt` naming the segment, now and every later time; any other I/O error
     /// answers `Io` and is not remembered.
     pub fn get(&self, number: u32) -> Result<Segment> {
-        let known = self.headers.read().get(&number).cloned();
+        let seed = self.seed(number)?;
+        Ok(Segment {
+            file: self.files.file(number),
+            seed,
+        })
+    }
+
+    /// The open file of segment `number` for reading, from the table, without allocating
+    /// (a [`Segment`] costs an allocation, and reads take one per value or record read). Its
+    /// header is not checked: call [`SegmentSet::seed`] first. Open until dropped, like any
+    /// handle in use; hold it for one read or a few, not longer.
+    pub fn reader(&self, number: u32) -> io::Result<Arc<dyn VfsFile>> {
+        self.files.handle(number, false)
+    }
+
+    /// The checksum seed of segment `number`, its header checked on first use, with the
+    /// refusals of [`SegmentSet::get`].
+    pub fn seed(&self, number: u32) -> Result<u32> {
+        let known = match self.headers.read().get(&number) {
+            // The common case copies the seed out under the read lock, cloning nothing.
+            Some(Header::Good(seed)) => return Ok(*seed),
+            other => other.cloned(),
+        };
         let seed = match known {
             Some(Header::Good(seed)) => seed,
             Some(Header::Damaged(reason)) => return Err(damaged(number, &reason)),
@@ -238,10 +260,7 @@ impl SegmentSet {
                 }
             }
         };
-        Ok(Segment {
-            file: self.files.file(number),
-            seed,
-        })
+        Ok(seed)
     }
 
     /// Adds a segment whose header was just written or read.
