@@ -19,7 +19,7 @@
 //! whatever the number of segments. A header found damaged, or a segment file found missing,
 //! is remembered and answers `Corrupt` from then on (SPEC S4).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -42,10 +42,11 @@ pub struct SegmentFiles {
 
 #[derive(Debug, Default)]
 struct Table {
-    /// Open handles and when each was last used.
-    open: HashMap<u32, (Arc<dyn VfsFile>, u64)>,
+    /// Open handles and when each was last used. Ordered maps: a table of a few dozen small
+    /// integer keys is searched faster than it is hashed (every value read looks one up).
+    open: BTreeMap<u32, (Arc<dyn VfsFile>, u64)>,
     /// Segments written since their last successful sync: never closed.
-    dirty: HashSet<u32>,
+    dirty: BTreeSet<u32>,
     clock: u64,
 }
 
