@@ -33,6 +33,7 @@ mod open;
 mod ops;
 mod overlay;
 mod partition;
+mod pool;
 mod read;
 mod recovery;
 mod scatter;
@@ -155,6 +156,9 @@ struct Inner {
     index_budget: unload::IndexBudget,
     /// Record bodies chain walks read lately, so the reads after a load take values from them.
     recent: values::RecentRecords,
+    /// Scan pages' buffers kept for the next page, so a page is neither allocated nor
+    /// zero-filled afresh (bounded: see [`pool`]).
+    pages: pool::Pool<read::PageBuf>,
     /// Dropping the sender stops the periodic sync thread.
     syncer: Mutex<Option<crossbeam::channel::Sender<()>>>,
 }

@@ -308,6 +308,7 @@ impl FileStore {
             background: compaction::Background::default(),
             index_budget: unload::IndexBudget::default(),
             recent: values::RecentRecords::default(),
+            pages: Default::default(),
             syncer: Mutex::new(syncer),
         });
         if needs_snapshot {

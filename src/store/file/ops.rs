@@ -81,10 +81,9 @@ impl Store for FileStore {
                 (k.to_vec(), v.to_vec())
             })
             .collect();
-        Ok(ScanPage {
-            entries,
-            next: page.next(),
-        })
+        let next = page.next();
+        self.inner.page_done(page);
+        Ok(ScanPage { entries, next })
     }
 
     /// Lends each entry from one buffer per page (see `read::PageBuf`): no allocation per
@@ -105,7 +104,11 @@ impl Store for FileStore {
             let (k, v) = page.entry(i);
             visit(k, v)?;
         }
-        Ok(page.next())
+        let next = page.next();
+        // A page whose visit failed is dropped instead: a failure is rare, and reuse only saves
+        // work.
+        self.inner.page_done(page);
+        Ok(next)
     }
 
     fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {

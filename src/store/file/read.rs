@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use super::SkipSync;
 use super::format::{self, ValueLoc};
 use super::partition::{self, CommitState, Load, Lookup, PartState};
-use super::{Inner, Partition, chain, values};
+use super::{Inner, Partition, chain, pool, values};
 use crate::error::{Error, Result};
 use crate::store::{Cursor, KeyRange};
 
@@ -45,6 +45,23 @@ impl PageBuf {
             (true, n) if n > 0 => Some(Cursor(self.entry(n - 1).0.to_vec())),
             _ => None,
         }
+    }
+}
+
+impl pool::Reusable for PageBuf {
+    fn clear(&mut self) {
+        self.keys.clear();
+        self.key_ends.clear();
+        self.locs.clear();
+        self.values.clear();
+        self.more = false;
+    }
+
+    fn held(&self) -> usize {
+        self.keys.capacity()
+            + self.key_ends.capacity() * std::mem::size_of::<usize>()
+            + self.locs.capacity() * std::mem::size_of::<ValueLoc>()
+            + self.values.held()
     }
 }
 
@@ -200,20 +217,26 @@ impl Inner {
 
     /// Reads many values with as few reads as possible (see [`values`]); answers in order.
     pub(super) fn read_values(&self, state: &PartState, locs: &[ValueLoc]) -> Result<Vec<Vec<u8>>> {
-        let values = self.read_values_lent(state, locs)?;
+        let mut values = values::ReadValues::default();
+        self.read_values_lent(state, locs, &mut values)?;
         Ok((0..values.len()).map(|i| values.get(i).to_vec()).collect())
     }
 
     /// Reads many values without a buffer per value (see [`values::read_into`]).
-    fn read_values_lent(&self, state: &PartState, locs: &[ValueLoc]) -> Result<values::ReadValues> {
+    fn read_values_lent(
+        &self,
+        state: &PartState,
+        locs: &[ValueLoc],
+        values: &mut values::ReadValues,
+    ) -> Result<()> {
         let check = self.value_checks();
         let recent = state.warm.load(Ordering::Relaxed).then_some(&self.recent);
-        let (values, from_recent) =
-            values::read_into(&self.journal, recent, locs, &state.name, check)?;
+        let from_recent =
+            values::read_into(&self.journal, recent, locs, &state.name, check, values)?;
         if recent.is_some() && from_recent == 0 && !locs.is_empty() {
             state.warm.store(false, Ordering::Relaxed);
         }
-        Ok(values)
+        Ok(())
     }
 
     /// Reads one page of a scan of `range` (already moved past the cursor): at most `limit`
@@ -228,7 +251,9 @@ impl Inner {
         let Some(state) = self.readable(p)? else {
             return Ok(None);
         };
-        let mut page = PageBuf::default();
+        // Taken from the store's pool, emptied, and given back by the caller when its entries
+        // have been seen (`Inner::page_done`).
+        let mut page = self.pages.take();
         if range.is_empty() {
             return Ok(Some(page));
         }
@@ -245,8 +270,13 @@ impl Inner {
             }
             page.more = iter.next().is_some();
         }
-        page.values = self.read_values_lent(&state, &page.locs)?;
+        self.read_values_lent(&state, &page.locs, &mut page.values)?;
         Ok(Some(page))
+    }
+
+    /// Gives a page's buffers back for the next page to reuse.
+    pub(super) fn page_done(&self, page: PageBuf) {
+        self.pages.put(page);
     }
 
     /// Whether values read through a merged read or taken one by one from the recent records

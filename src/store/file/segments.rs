@@ -19,7 +19,7 @@
 //! whatever the number of segments. A header found damaged, or a segment file found missing,
 //! is remembered and answers `Corrupt` from then on (SPEC S4).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -42,10 +42,11 @@ pub struct SegmentFiles {
 
 #[derive(Debug, Default)]
 struct Table {
-    /// Open handles and when each was last used.
-    open: HashMap<u32, (Arc<dyn VfsFile>, u64)>,
+    /// Open handles and when each was last used. Ordered maps: a table of a few dozen small
+    /// integer keys is searched faster than it is hashed (every value read looks one up).
+    open: BTreeMap<u32, (Arc<dyn VfsFile>, u64)>,
     /// Segments written since their last successful sync: never closed.
-    dirty: HashSet<u32>,
+    dirty: BTreeSet<u32>,
     clock: u64,
 }
 
@@ -210,7 +211,29 @@ impl SegmentSet {
     /// answers `Corrupt` naming the segment, now and every later time; any other I/O error
     /// answers `Io` and is not remembered.
     pub fn get(&self, number: u32) -> Result<Segment> {
-        let known = self.headers.read().get(&number).cloned();
+        let seed = self.seed(number)?;
+        Ok(Segment {
+            file: self.files.file(number),
+            seed,
+        })
+    }
+
+    /// The open file of segment `number` for reading, from the table, without allocating
+    /// (a [`Segment`] costs an allocation, and reads take one per value or record read). Its
+    /// header is not checked: call [`SegmentSet::seed`] first. Open until dropped, like any
+    /// handle in use; hold it for one read or a few, not longer.
+    pub fn reader(&self, number: u32) -> io::Result<Arc<dyn VfsFile>> {
+        self.files.handle(number, false)
+    }
+
+    /// The checksum seed of segment `number`, its header checked on first use, with the
+    /// refusals of [`SegmentSet::get`].
+    pub fn seed(&self, number: u32) -> Result<u32> {
+        let known = match self.headers.read().get(&number) {
+            // The common case copies the seed out under the read lock, cloning nothing.
+            Some(Header::Good(seed)) => return Ok(*seed),
+            other => other.cloned(),
+        };
         let seed = match known {
             Some(Header::Good(seed)) => seed,
             Some(Header::Damaged(reason)) => return Err(damaged(number, &reason)),
@@ -238,10 +261,7 @@ impl SegmentSet {
                 }
             }
         };
-        Ok(Segment {
-            file: self.files.file(number),
-            seed,
-        })
+        Ok(seed)
     }
 
     /// Adds a segment whose header was just written or read.

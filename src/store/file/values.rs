@@ -127,13 +127,22 @@ impl Recent {
 
 /// Values read by [`read_into`], without a buffer per value: value `i` is [`ReadValues::get`]
 /// of `i`, lent from one buffer of bytes read for the request or from a body of the cache.
+///
+/// Reusable: [`ReadValues::clear`] empties it and keeps its buffers, and the bytes buffer keeps
+/// the bytes it was once zeroed to, so the next request's reads overwrite them and only bytes
+/// past the most it ever held are zero-filled (no `unsafe`, so no reading into uninitialised
+/// capacity).
 #[derive(Default)]
 pub struct ReadValues {
-    /// Bytes read from the files for this request, values end to end.
+    /// Bytes read from the files for this request, values end to end, in `bytes[..used]`;
+    /// what lies past `used` is left from earlier requests, kept only so it is not zeroed again.
     bytes: Vec<u8>,
+    used: usize,
     /// Cached bodies values are lent from (each once, in the order first used).
     bodies: Vec<Arc<Box<[u8]>>>,
     spans: Vec<Span>,
+    /// The values still to read, by location (scratch of [`read_into`], kept for reuse).
+    todo: Vec<usize>,
 }
 
 #[derive(Clone, Copy)]
@@ -168,11 +177,39 @@ impl ReadValues {
     pub fn len(&self) -> usize {
         self.spans.len()
     }
+
+    /// Empties it for another request, keeping its buffers; lets go of the cached bodies it
+    /// lent from, so a kept `ReadValues` never holds the cache's memory.
+    pub fn clear(&mut self) {
+        self.used = 0;
+        self.bodies.clear();
+        self.spans.clear();
+        self.todo.clear();
+    }
+
+    /// Bytes of memory its buffers hold (their capacities).
+    pub fn held(&self) -> usize {
+        self.bytes.capacity()
+            + self.bodies.capacity() * std::mem::size_of::<Arc<Box<[u8]>>>()
+            + self.spans.capacity() * std::mem::size_of::<Span>()
+            + self.todo.capacity() * std::mem::size_of::<usize>()
+    }
+
+    /// Takes the next `len` bytes of the buffer for a read; returns where they start. Only
+    /// bytes the buffer never held are zero-filled.
+    fn grow(&mut self, len: usize) -> usize {
+        let at = self.used;
+        self.used += len;
+        if self.bytes.len() < self.used {
+            self.bytes.resize(self.used, 0);
+        }
+        at
+    }
 }
 
-/// Reads the values at `locs` (in any order; answers in the same order), taking those the cache
-/// holds from it (when given) and merging the reads of the others; also returns how many came
-/// from the cache.
+/// Reads the values at `locs` (in any order; answers in the same order) into `out` (emptied
+/// first, its buffers reused), taking those the cache holds from it (when given) and merging
+/// the reads of the others; returns how many came from the cache.
 ///
 /// Each value's bytes are checksummed once per read, as they arrive from a merged or a lone
 /// read. A value the cache holds is lent from the cached body without a copy and without a
@@ -186,11 +223,10 @@ pub fn read_into(
     locs: &[ValueLoc],
     partition: &dyn std::fmt::Display,
     check: bool,
-) -> Result<(ReadValues, usize)> {
-    let mut out = ReadValues {
-        spans: vec![Span::UNREAD; locs.len()],
-        ..ReadValues::default()
-    };
+    out: &mut ReadValues,
+) -> Result<usize> {
+    out.clear();
+    out.spans.resize(locs.len(), Span::UNREAD);
     let mut from_recent = 0;
     if let Some(recent) = recent {
         // One lock for the whole request, not one per value.
@@ -213,26 +249,41 @@ pub fn read_into(
             }
         }
     }
-    let mut todo: Vec<usize> = (0..locs.len())
-        .filter(|&i| out.spans[i].start == usize::MAX)
-        .collect();
-    todo.sort_by_key(|&i| locs[i].at);
+    let mut todo = std::mem::take(&mut out.todo);
+    todo.extend((0..locs.len()).filter(|&i| out.spans[i].start == usize::MAX));
+    todo.sort_unstable_by_key(|&i| locs[i].at);
     // The buffer is sized once for every read of the request: grown read by read, it would be
     // moved (copying what was already read) each time it doubled.
-    out.bytes.reserve_exact(buffer_bytes(locs, &todo));
-    for r in merged_runs(locs, &todo) {
+    let need = buffer_bytes(locs, &todo);
+    if out.bytes.len() < need {
+        out.bytes.reserve_exact(need - out.bytes.len());
+    }
+    let read = read_runs(journal, locs, &todo, partition, check, out);
+    out.todo = todo;
+    read?;
+    Ok(from_recent)
+}
+
+/// The reads of [`read_into`] (`todo` sorted by location).
+fn read_runs(
+    journal: &Journal,
+    locs: &[ValueLoc],
+    todo: &[usize],
+    partition: &dyn std::fmt::Display,
+    check: bool,
+    out: &mut ReadValues,
+) -> Result<()> {
+    for r in merged_runs(locs, todo) {
         let run = &todo[r.first..r.last];
         if run.len() == 1 {
             let v = &locs[run[0]];
-            let at = read_one(journal, v, partition, &mut out.bytes)?;
+            let at = read_one(journal, v, partition, out)?;
             out.spans[run[0]] = Span::read(at, v);
         } else {
-            read_run(
-                journal, locs, run, r.start, r.end, partition, check, &mut out,
-            )?;
+            read_run(journal, locs, run, r.start, r.end, partition, check, out)?;
         }
     }
-    Ok((out, from_recent))
+    Ok(())
 }
 
 /// One read of [`read_into`]: the values `todo[first..last]`, which lie in `start..end`.
@@ -306,18 +357,18 @@ impl Span {
     }
 }
 
-/// Reads one value onto the end of `bytes` and verifies its checksum (always, like
+/// Reads one value onto the end of the bytes of `out` and verifies its checksum (always, like
 /// [`Journal::read_value`], whose damage answers it gives); returns where it starts.
 fn read_one(
     journal: &Journal,
     v: &ValueLoc,
     partition: &dyn std::fmt::Display,
-    bytes: &mut Vec<u8>,
+    out: &mut ReadValues,
 ) -> Result<usize> {
-    let at = bytes.len();
-    bytes.resize(at + v.len as usize, 0);
+    let at = out.grow(v.len as usize);
+    let bytes = &mut out.bytes[at..out.used];
     let damaged = |detail: &str| value_damage(v, partition, detail);
-    match journal.read_at(v.at, &mut bytes[at..]) {
+    match journal.read_at(v.at, bytes) {
         Ok(()) => {}
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
             return Err(damaged("the segment ends before it (truncated)"));
@@ -325,7 +376,7 @@ fn read_one(
         Err(Error::Corrupt { detail, .. }) => return Err(damaged(&detail)),
         Err(e) => return Err(e),
     }
-    if crc32c::crc32c(&bytes[at..]) != v.crc {
+    if crc32c::crc32c(bytes) != v.crc {
         return Err(damaged("failed its checksum"));
     }
     Ok(at)
@@ -345,15 +396,13 @@ fn read_run(
     check: bool,
     out: &mut ReadValues,
 ) -> Result<()> {
-    let bytes = &mut out.bytes;
-    let base = bytes.len();
-    bytes.resize(base + (end - start) as usize, 0);
-    match journal.read_at(start, &mut bytes[base..]) {
+    let base = out.grow((end - start) as usize);
+    match journal.read_at(start, &mut out.bytes[base..out.used]) {
         Ok(()) => {}
         Err(Error::Io { .. } | Error::Corrupt { .. }) => {
-            bytes.truncate(base);
+            out.used = base;
             for &i in run {
-                let at = read_one(journal, &locs[i], partition, bytes)?;
+                let at = read_one(journal, &locs[i], partition, out)?;
                 out.spans[i] = Span::read(at, &locs[i]);
             }
             return Ok(());
@@ -364,7 +413,7 @@ fn read_run(
     for &i in run {
         let v = &locs[i];
         let from = base + (v.at - start) as usize;
-        if check && crc32c::crc32c(&bytes[from..from + v.len as usize]) != v.crc {
+        if check && crc32c::crc32c(&out.bytes[from..from + v.len as usize]) != v.crc {
             return Err(value_damage(v, partition, "failed its checksum"));
         }
         out.spans[i] = Span::read(from, v);
@@ -394,7 +443,7 @@ fn close_gaps(locs: &[ValueLoc], run: &[usize], start: Loc, base: usize, out: &m
         out.spans[i].start = to;
         to += len;
     }
-    out.bytes.truncate(to);
+    out.used = to;
 }
 
 #[cfg(test)]

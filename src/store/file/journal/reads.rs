@@ -8,11 +8,14 @@ use crate::error::{Error, Result};
 
 impl Journal {
     /// Reads `buf.len()` bytes at a location.
+    /// A missing segment or one whose header is damaged answers `Corrupt` (see
+    /// `SegmentSet::get`); the segment's handle is taken once for the read, without allocating.
     pub fn read_at(&self, at: Loc, buf: &mut [u8]) -> Result<()> {
         let segment = loc_segment(at);
-        self.segment(segment)?
-            .file
-            .read_exact_at(buf, loc_offset(at))
+        self.segments.seed(segment)?;
+        self.segments
+            .reader(segment)
+            .and_then(|file| file.read_exact_at(buf, loc_offset(at)))
             .map_err(|e| Error::io(format!("reading journal segment {segment}"), e))
     }
 
@@ -54,12 +57,14 @@ impl Journal {
         frame: Frame,
         mut body: Vec<u8>,
     ) -> Result<(Frame, Vec<u8>)> {
-        let segment = self.segment(loc_segment(at))?;
+        self.segments.seed(loc_segment(at))?;
         let got = body.len();
         body.resize(frame.body_len as usize, 0);
-        segment
-            .file
-            .read_exact_at(&mut body[got..], loc_offset(at) + (FRAME_LEN + got) as u64)
+        self.segments
+            .reader(loc_segment(at))
+            .and_then(|file| {
+                file.read_exact_at(&mut body[got..], loc_offset(at) + (FRAME_LEN + got) as u64)
+            })
             .map_err(|e| record_read_error(at, e, "the segment ends inside the record"))?;
         if format::body_crc(&body) != frame.body_crc {
             return Err(record_damage(at, "record body failed its checksum"));
@@ -87,25 +92,30 @@ impl Journal {
         guess: usize,
         scratch: &mut Vec<u8>,
     ) -> Result<RecordStart> {
-        let segment = self.segment(loc_segment(at))?;
+        // The header checked, then the table's handle for this record's reads: no allocation.
+        let seed = self.segments.seed(loc_segment(at))?;
+        let file = self
+            .segments
+            .reader(loc_segment(at))
+            .map_err(|e| record_read_error(at, e, "record unreadable"))?;
         if scratch.len() < SPECULATIVE_READ {
             // Zeroed once per walk, not once per record.
             scratch.resize(SPECULATIVE_READ, 0);
         }
         let want = guess.clamp(MIN_GUESS, SPECULATIVE_READ);
         let offset = loc_offset(at);
-        let mut got = read_up_to(&*segment.file, &mut scratch[..want], offset)
+        let mut got = read_up_to(&*file, &mut scratch[..want], offset)
             .map_err(|e| record_read_error(at, e, "record unreadable"))?;
         if got < FRAME_LEN {
             return Err(record_damage(at, "record header unreadable"));
         }
-        let frame = format::decode_frame(segment.seed, &scratch[..FRAME_LEN])
+        let frame = format::decode_frame(seed, &scratch[..FRAME_LEN])
             .ok_or_else(|| record_damage(at, "record header failed its checksum"))?;
         let end = FRAME_LEN + frame.body_len as usize;
         if end > got && got == want && want < SPECULATIVE_READ {
             // Longer than guessed: read on as far as one speculative read would have.
             let upto = end.min(SPECULATIVE_READ);
-            got += read_up_to(&*segment.file, &mut scratch[got..upto], offset + got as u64)
+            got += read_up_to(&*file, &mut scratch[got..upto], offset + got as u64)
                 .map_err(|e| record_read_error(at, e, "record unreadable"))?;
         }
         if end <= got {
