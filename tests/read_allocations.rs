@@ -221,6 +221,68 @@ fn a_chain_walk_allocates_about_what_its_records_hold() {
     store.close().unwrap();
 }
 
+/// Keys of the base the test below loads.
+const BASE_KEYS: usize = 500;
+
+/// A load decodes keys in place: loading a base of many keys, and a chain of batch records
+/// after it, allocates a few times per record (its body, kept for the reads that follow, and
+/// its list of operations), never once per key: the keys go straight from the record's bytes
+/// into the index's arena.
+#[test]
+fn a_load_allocates_nothing_per_key() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let p = Partition::new("e/logs/1").unwrap();
+    {
+        let store = FileStore::builder(dir.path())
+            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+            .base_every_records(2)
+            .open()
+            .unwrap();
+        let mut b = Batch::new();
+        for i in 0..BASE_KEYS {
+            b = b.put(format!("key{i:05}").into_bytes(), vec![1u8; 8]);
+        }
+        assert!(store.apply(&p, &b).unwrap().is_committed());
+        // The base is written once the chain holds two records.
+        let b = Batch::new().put(b"key00000".to_vec(), vec![2u8; 8]);
+        assert!(store.apply(&p, &b).unwrap().is_committed());
+        store.close().unwrap();
+    }
+    {
+        let store = FileStore::builder(dir.path())
+            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+            .base_every_records(1_000)
+            .open()
+            .unwrap();
+        for i in 0..CHAIN {
+            let b = Batch::new()
+                .put(format!("key{i:05}").into_bytes(), vec![3u8; 8])
+                .delete(format!("key{:05}", BASE_KEYS - 1 - i).into_bytes());
+            assert!(store.apply(&p, &b).unwrap().is_committed());
+        }
+        store.close().unwrap();
+    }
+    let store = FileStore::builder(dir.path()).open().unwrap();
+    let region = Region::new(GLOBAL);
+    assert_eq!(store.get(&p, b"absent").unwrap(), None);
+    let made = region.change().allocations;
+    // When the decoder copied out every key, this load made 896 allocations.
+    assert!(
+        made <= 4 * CHAIN + 64,
+        "a load of a base of {BASE_KEYS} keys and {CHAIN} batches made {made} allocations"
+    );
+    assert_eq!(store.get(&p, b"key00001").unwrap(), Some(vec![3u8; 8]));
+    assert_eq!(store.get(&p, b"key00100").unwrap(), Some(vec![1u8; 8]));
+    assert_eq!(
+        store
+            .get(&p, format!("key{:05}", BASE_KEYS - 1).as_bytes())
+            .unwrap(),
+        None
+    );
+    store.close().unwrap();
+}
+
 /// Values of the page the test below reads.
 const SCATTERED: usize = 40;
 

@@ -86,9 +86,9 @@ pub fn write_base(
 /// What one record of a walked chain does to the index.
 enum Effect<'a> {
     /// Base entries (a whole base, or one part of a run): inserted.
-    Entries(Vec<(Vec<u8>, ValueLoc)>),
+    Entries(Vec<(&'a [u8], ValueLoc)>),
     /// A batch's operations (keys and value locations only), applied as they are decoded.
-    Ops(Vec<JournalOp>, &'a [u8]),
+    Ops(Vec<JournalOp<'a>>, &'a [u8]),
 }
 
 enum Link {

@@ -9,33 +9,37 @@ use super::{Loc, RecordKind, ValueLoc};
 use crate::error::{Error, Result};
 use crate::store::types::{KeyRange, Op};
 
-/// A batch operation as journaled: values stay in the body, located by offset.
+/// A batch operation as journaled: values stay in the body, located by offset. Keys are
+/// borrowed from the body's bytes: a chain walk copies each one straight into its index's arena,
+/// so decoding allocates nothing per key.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum JournalOp {
+pub enum JournalOp<'a> {
     /// Key, and the value's offset and length within the body.
-    Put(Vec<u8>, u32, u32),
-    Delete(Vec<u8>),
+    Put(&'a [u8], u32, u32),
+    Delete(&'a [u8]),
+    /// Owned: rare, and its bounds are kept by the index operation that applies it.
     DeleteRange(KeyRange),
 }
 
-/// A decoded record body. The partition name is borrowed from the body's bytes: a chain walk
-/// only compares it with the partition it walks, so it is not copied for every record.
+/// A decoded record body. The partition name and the keys are borrowed from the body's bytes:
+/// a chain walk only compares the name with the partition it walks and copies the keys into its
+/// index, so neither is copied for every record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Body<'a> {
     pub partition: &'a [u8],
     pub prev: Loc,
-    pub content: Content,
+    pub content: Content<'a>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Content {
-    Batch(Vec<JournalOp>),
-    Base(Vec<(Vec<u8>, ValueLoc)>),
+pub enum Content<'a> {
+    Batch(Vec<JournalOp<'a>>),
+    Base(Vec<(&'a [u8], ValueLoc)>),
     /// Part `part` (from 0) of `parts` of a split base.
     BasePart {
         part: u32,
         parts: u32,
-        entries: Vec<(Vec<u8>, ValueLoc)>,
+        entries: Vec<(&'a [u8], ValueLoc)>,
     },
 }
 
@@ -197,15 +201,15 @@ impl<'a> Reader<'a> {
     fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
-    fn key(&mut self) -> Option<Vec<u8>> {
+    fn key(&mut self) -> Option<&'a [u8]> {
         let n = self.u16()? as usize;
-        Some(self.take(n)?.to_vec())
+        self.take(n)
     }
     fn bound(&mut self) -> Option<Bound<Vec<u8>>> {
         match self.u8()? {
             0 => Some(Bound::Unbounded),
-            1 => Some(Bound::Included(self.key()?)),
-            2 => Some(Bound::Excluded(self.key()?)),
+            1 => Some(Bound::Included(self.key()?.to_vec())),
+            2 => Some(Bound::Excluded(self.key()?.to_vec())),
             _ => None,
         }
     }
@@ -346,7 +350,7 @@ mod tests {
         let Content::Batch(jops) = decoded.content else {
             panic!()
         };
-        assert_eq!(jops[0], JournalOp::Put(b"k".to_vec(), offsets[0], 5));
+        assert_eq!(jops[0], JournalOp::Put(b"k", offsets[0], 5));
         assert_eq!(
             &body[offsets[0] as usize..offsets[0] as usize + 5],
             b"value"
@@ -380,7 +384,7 @@ mod tests {
             Content::BasePart {
                 part: 1,
                 parts: 3,
-                entries: vec![(b"a".to_vec(), v), (b"b".to_vec(), v)],
+                entries: vec![(&b"a"[..], v), (&b"b"[..], v)],
             }
         );
         // A part outside its run is malformed.
