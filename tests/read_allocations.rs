@@ -226,8 +226,8 @@ const BASE_KEYS: usize = 500;
 
 /// A load decodes keys in place: loading a base of many keys, and a chain of batch records
 /// after it, allocates a few times per record (its body, kept for the reads that follow, and
-/// its list of operations), never once per key: the keys go straight from the record's bytes
-/// into the index's arena.
+/// the cache's entry for it), never once per key nor for a list of a record's operations: the
+/// keys go straight from the record's bytes into the index's arena.
 #[test]
 fn a_load_allocates_nothing_per_key() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -267,9 +267,10 @@ fn a_load_allocates_nothing_per_key() {
     let region = Region::new(GLOBAL);
     assert_eq!(store.get(&p, b"absent").unwrap(), None);
     let made = region.change().allocations;
-    // When the decoder copied out every key, this load made 896 allocations.
+    // When the decoder copied out every key, this load made 896 allocations; when it still
+    // collected each record's operations in a list, 275.
     assert!(
-        made <= 4 * CHAIN + 64,
+        made <= 3 * CHAIN + 64,
         "a load of a base of {BASE_KEYS} keys and {CHAIN} batches made {made} allocations"
     );
     assert_eq!(store.get(&p, b"key00001").unwrap(), Some(vec![3u8; 8]));

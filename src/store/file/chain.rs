@@ -17,10 +17,9 @@
 use std::sync::atomic::Ordering;
 
 use super::format::Frame;
-use super::format::JournalOp;
 use super::format::{
-    self, Content, FRAME_LEN, Loc, RecordKind, ValueLoc, decode_base_part_head, decode_body_head,
-    loc_offset, loc_segment,
+    self, FRAME_LEN, Item, Loc, RecordKind, decode_base_part_head, decode_body_head, loc_offset,
+    loc_segment,
 };
 use super::journal::{Journal, RecordStart};
 use super::partition::{self, CommitState, Index, PartState};
@@ -81,14 +80,6 @@ pub fn write_base(
     }
     commit.chain_len = 1;
     Ok(())
-}
-
-/// What one record of a walked chain does to the index.
-enum Effect<'a> {
-    /// Base entries (a whole base, or one part of a run): inserted.
-    Entries(Vec<(&'a [u8], ValueLoc)>),
-    /// A batch's operations (keys and value locations only), applied as they are decoded.
-    Ops(Vec<JournalOp<'a>>, &'a [u8]),
 }
 
 enum Link {
@@ -235,7 +226,7 @@ pub fn load_index(
     for link in links.into_iter().rev() {
         match link {
             Link::Whole(at, kind, body, keep) => {
-                apply(&mut index, effect(state, kind, &body)?, at);
+                apply(&mut index, state, kind, &body, at)?;
                 if keep {
                     warm.push((at + FRAME_LEN as u64, body.into_boxed_slice()));
                 }
@@ -251,7 +242,7 @@ pub fn load_index(
                     }
                     other => other,
                 })?;
-                apply(&mut index, effect(state, frame.kind, &body)?, at);
+                apply(&mut index, state, frame.kind, &body, at)?;
                 // Its values are read next: keep the verified body too, so they are not read
                 // from the file a second time (moved, not copied).
                 if frame.kind == RecordKind::Batch
@@ -273,33 +264,33 @@ pub fn load_index(
     Ok((index, chain_len))
 }
 
-/// Applies a record's effect to the index being built; the record's body starts after `at`.
-fn apply(index: &mut Index, effect: Effect, at: Loc) {
-    match effect {
+/// Applies a verified record of the partition to the index being built, as it is decoded (no
+/// list of its operations or entries is made, and keys go from the body straight into the
+/// index's arena); values stay on disk. The record's body starts after `at`. On an error the
+/// index holds part of the record: the load fails and drops it.
+fn apply(
+    index: &mut Index,
+    state: &PartState,
+    kind: RecordKind,
+    body: &[u8],
+    at: Loc,
+) -> Result<()> {
+    let head = format::visit_body(kind, body, |item| match item {
         // A base's entries come in key order: into an empty index (the usual case) each one
         // is appended to the index's arena, so room for all of them is made at once.
-        Effect::Entries(entries) => {
-            let bytes = entries.iter().map(|(k, _)| k.len()).sum();
-            index.reserve(entries.len(), bytes);
-            index.extend(entries);
+        Item::Entries { count, key_bytes } => index.reserve(count, key_bytes),
+        Item::Entry(key, loc) => {
+            index.insert(key, loc);
         }
-        Effect::Ops(ops, body) => {
-            partition::apply_to_index(index, partition::journal_ops_to_index(at, body, ops));
+        Item::Op(op) => {
+            partition::apply_to_index(index, [partition::journal_op_to_index(at, body, op)]);
         }
-    }
-}
-
-/// Decodes a verified record of the partition into its effect on the index; values stay on disk.
-fn effect<'a>(state: &PartState, kind: RecordKind, body: &'a [u8]) -> Result<Effect<'a>> {
-    let decoded = format::decode_body(kind, body)
-        .map_err(|_| state.corrupt_error("a record in its chain is malformed"))?;
-    if decoded.partition != state.name.as_bytes() {
+    })
+    .map_err(|_| state.corrupt_error("a record in its chain is malformed"))?;
+    if head.partition != state.name.as_bytes() {
         return Err(state.corrupt_error("a record in its chain names another partition"));
     }
-    Ok(match decoded.content {
-        Content::Base(entries) | Content::BasePart { entries, .. } => Effect::Entries(entries),
-        Content::Batch(ops) => Effect::Ops(ops, body),
-    })
+    Ok(())
 }
 
 #[cfg(test)]

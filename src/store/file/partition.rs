@@ -198,21 +198,20 @@ impl From<PendingOp> for IndexOp {
     }
 }
 
-/// Converts a journaled batch at `record` into index operations, as they are applied (no
-/// buffer of operations per record).
-pub fn journal_ops_to_index<'a>(
+/// Converts an operation of the journaled batch at `record` (whose body is `body`) into an
+/// index operation, as it is applied: its key stays borrowed from the body.
+pub fn journal_op_to_index<'a>(
     record: Loc,
     body: &'a [u8],
-    ops: Vec<JournalOp<'a>>,
-) -> impl Iterator<Item = IndexOp<&'a [u8]>> + 'a {
-    let body_at = record + FRAME_LEN as u64;
-    ops.into_iter().map(move |op| match op {
+    op: JournalOp<'a>,
+) -> IndexOp<&'a [u8]> {
+    match op {
         JournalOp::Put(k, offset, len) => {
             let value = &body[offset as usize..offset as usize + len as usize];
             IndexOp::Put(
                 k,
                 ValueLoc {
-                    at: body_at + offset as u64,
+                    at: record + FRAME_LEN as u64 + offset as u64,
                     len,
                     crc: crc32c::crc32c(value),
                 },
@@ -220,7 +219,7 @@ pub fn journal_ops_to_index<'a>(
         }
         JournalOp::Delete(k) => IndexOp::Delete(k),
         JournalOp::DeleteRange(r) => IndexOp::DeleteRange(r),
-    })
+    }
 }
 
 pub fn head_of(state: &PartState) -> Loc {
