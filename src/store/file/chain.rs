@@ -14,6 +14,7 @@
 //! bodies of the batch records it reads go to the store's cache of recent records, up to its
 //! bound, so the reads that follow take their values from there (see [`super::values`]).
 
+use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 
 use super::format::Frame;
@@ -30,6 +31,10 @@ use crate::error::{Error, Result};
 /// of several records, so a base of any size fits the record frame and a load holds one part at
 /// a time.
 pub const BASE_PART_BYTES: usize = 8 << 20;
+
+/// Records of a walked chain whose room a thread keeps for its next load: a chain at the
+/// default base interval (64 records) fits.
+const CHAIN_ROOM: usize = 64;
 
 /// Writes the partition's base: one record, or a run of parts of at most [`BASE_PART_BYTES`]
 /// each. The caller holds the partition's `commit` lock, so nothing of the partition is appended
@@ -92,6 +97,21 @@ enum Link {
     Reread(Loc, Option<(Frame, Vec<u8>)>),
 }
 
+/// What a walk reuses from one load to the next.
+#[derive(Default)]
+struct WalkBuffers {
+    /// The buffer of the records' first reads: allocated and zero-filled once per thread, not
+    /// once per load. Bounded: a first read asks for at most one speculative read (4 KiB).
+    scratch: Vec<u8>,
+    /// The walked chain, newest first (empty between loads).
+    links: Vec<Link>,
+}
+
+thread_local! {
+    /// Kept per thread, so loads on different threads do not contend for them.
+    static WALK_BUFFERS: RefCell<WalkBuffers> = RefCell::new(WalkBuffers::default());
+}
+
 /// Builds a partition's index by walking its chain back from `head` to its newest complete base
 /// (or the chain's start), then applying forward. Reads only this partition's recent records:
 /// the walk is bounded by the base interval, not by history (SPEC S5, S8).
@@ -103,6 +123,25 @@ pub fn load_index(
     state: &PartState,
     head: Loc,
 ) -> Result<(Index, u32)> {
+    // Taken out of their slot while the load runs (a load inside it would get fresh ones),
+    // and put back whatever the load's outcome.
+    let mut buffers = WALK_BUFFERS.try_with(|b| b.take()).unwrap_or_default();
+    let loaded = walk_and_apply(journal, recent, state, head, &mut buffers);
+    buffers.links.clear();
+    // A chain far longer than the usual one (a large base interval) does not keep its room.
+    buffers.links.shrink_to(CHAIN_ROOM);
+    let _ = WALK_BUFFERS.try_with(|b| b.replace(buffers));
+    loaded
+}
+
+fn walk_and_apply(
+    journal: &Journal,
+    recent: &RecentRecords,
+    state: &PartState,
+    head: Loc,
+    buffers: &mut WalkBuffers,
+) -> Result<(Index, u32)> {
+    let WalkBuffers { scratch, links } = buffers;
     let corrupt = |at: Loc, what: &str| {
         state.corrupt_error(&format!(
             "{what} (record at segment {} offset {})",
@@ -110,20 +149,19 @@ pub fn load_index(
             loc_offset(at)
         ))
     };
-    let mut links: Vec<Link> = Vec::new();
     let mut chain_len = 0u32;
     // While inside a complete base run: the part expected next (walking back) and the run size.
     let mut run: Option<(u32, u32)> = None;
     let mut at = head;
-    // Bodies of the batch records read, for the reads that follow the load.
-    let (mut warm, mut warm_bytes) = (Vec::new(), 0usize);
+    // Bytes of the bodies of the batch records read, kept for the reads that follow the load.
+    let mut warm_bytes = 0usize;
     // Bytes of the starts of larger records kept for the forward pass (bounded: past it they
     // are read again).
     let mut kept_starts = 0usize;
-    // One buffer for every record's first read, and the size to ask for: the last record's,
-    // with room to spare (a partition's records tend to be alike), so small records are not
-    // read 4 KiB at a time.
-    let (mut scratch, mut guess) = (Vec::new(), usize::MAX);
+    // The size to ask for in a record's first read (into `scratch`): the last record's, with
+    // room to spare (a partition's records tend to be alike), so small records are not read
+    // 4 KiB at a time.
+    let mut guess = usize::MAX;
     loop {
         if at == 0 {
             if run.is_some() {
@@ -132,7 +170,7 @@ pub fn load_index(
             break;
         }
         let start = journal
-            .read_record_start_in(at, guess, &mut scratch)
+            .read_record_start_in(at, guess, scratch)
             .map_err(|e| match e {
                 Error::Corrupt { detail, what } => {
                     state.corrupt_error(&format!("{what}: {detail}"))
@@ -223,7 +261,9 @@ pub fn load_index(
     }
 
     let mut index = Index::new();
-    for link in links.into_iter().rev() {
+    // The bodies of the batch records read, for the reads that follow the load.
+    let mut warm = Vec::with_capacity(links.len());
+    for link in links.drain(..).rev() {
         match link {
             Link::Whole(at, kind, body, keep) => {
                 apply(&mut index, state, kind, &body, at)?;
