@@ -105,6 +105,11 @@ struct WalkBuffers {
     scratch: Vec<u8>,
     /// The walked chain, newest first (empty between loads).
     links: Vec<Link>,
+    /// The first-read size the last load's head record called for (its length with room to
+    /// spare; 0: no load yet). A store's partitions tend to be alike, so the next load asks
+    /// for that much for its own head: not 4 KiB for a record of a few hundred bytes. A head
+    /// longer than that is read on with a second read, as any record longer than its guess.
+    head_guess: usize,
 }
 
 thread_local! {
@@ -141,7 +146,11 @@ fn walk_and_apply(
     head: Loc,
     buffers: &mut WalkBuffers,
 ) -> Result<(Index, u32)> {
-    let WalkBuffers { scratch, links } = buffers;
+    let WalkBuffers {
+        scratch,
+        links,
+        head_guess,
+    } = buffers;
     let corrupt = |at: Loc, what: &str| {
         state.corrupt_error(&format!(
             "{what} (record at segment {} offset {})",
@@ -161,7 +170,10 @@ fn walk_and_apply(
     // The size to ask for in a record's first read (into `scratch`): the last record's, with
     // room to spare (a partition's records tend to be alike), so small records are not read
     // 4 KiB at a time.
-    let mut guess = usize::MAX;
+    let mut guess = match *head_guess {
+        0 => usize::MAX,
+        g => g,
+    };
     loop {
         if at == 0 {
             if run.is_some() {
@@ -183,6 +195,9 @@ fn walk_and_apply(
         };
         let len = FRAME_LEN + frame.body_len as usize;
         guess = len.saturating_add(len / 2).next_power_of_two();
+        if at == head {
+            *head_guess = guess;
+        }
         if frame.partition_hash != state.hash {
             return Err(corrupt(at, "a chain link belongs to another partition"));
         }
@@ -380,6 +395,34 @@ mod tests {
         for (i, &len) in lens.iter().enumerate().rev() {
             let got = store.get(&p, format!("k{i}").as_bytes()).unwrap();
             assert_eq!(got, Some(vec![i as u8; len]), "key {i}");
+        }
+        store.close().unwrap();
+    }
+
+    #[test]
+    fn a_head_longer_than_the_last_loads_head_is_read_whole() {
+        // The first read of a head is sized by the head of the load before it on the thread:
+        // heads longer than that, within one speculative read or beyond it, are read on.
+        let dir = tempfile::tempdir().unwrap();
+        let heads = [10usize, 3_000, 10, 20_000, 10];
+        let parts: Vec<Partition> = (0..heads.len())
+            .map(|i| Partition::new(format!("p{i}")).unwrap())
+            .collect();
+        let store = FileStore::builder(dir.path())
+            .base_every_records(1_000)
+            .open()
+            .unwrap();
+        for (p, &len) in parts.iter().zip(&heads) {
+            for (key, len) in [(b"a", 10), (b"h", len)] {
+                let b = Batch::new().put(key.to_vec(), vec![len as u8; len]);
+                assert!(store.apply(p, &b).unwrap().is_committed());
+            }
+        }
+        store.close().unwrap();
+        let store = FileStore::builder(dir.path()).open().unwrap();
+        for (p, &len) in parts.iter().zip(&heads) {
+            assert_eq!(store.get(p, b"h").unwrap(), Some(vec![len as u8; len]));
+            assert_eq!(store.get(p, b"a").unwrap(), Some(vec![10u8; 10]));
         }
         store.close().unwrap();
     }
