@@ -14,13 +14,13 @@
 //! bodies of the batch records it reads go to the store's cache of recent records, up to its
 //! bound, so the reads that follow take their values from there (see [`super::values`]).
 
+use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 
 use super::format::Frame;
-use super::format::JournalOp;
 use super::format::{
-    self, Content, FRAME_LEN, Loc, RecordKind, ValueLoc, decode_base_part_head, decode_body_head,
-    loc_offset, loc_segment,
+    self, FRAME_LEN, Item, Loc, RecordKind, decode_base_part_head, decode_body_head, loc_offset,
+    loc_segment,
 };
 use super::journal::{Journal, RecordStart};
 use super::partition::{self, CommitState, Index, PartState};
@@ -31,6 +31,10 @@ use crate::error::{Error, Result};
 /// of several records, so a base of any size fits the record frame and a load holds one part at
 /// a time.
 pub const BASE_PART_BYTES: usize = 8 << 20;
+
+/// Records of a walked chain whose room a thread keeps for its next load: a chain at the
+/// default base interval (64 records) fits.
+const CHAIN_ROOM: usize = 64;
 
 /// Writes the partition's base: one record, or a run of parts of at most [`BASE_PART_BYTES`]
 /// each. The caller holds the partition's `commit` lock, so nothing of the partition is appended
@@ -83,14 +87,6 @@ pub fn write_base(
     Ok(())
 }
 
-/// What one record of a walked chain does to the index.
-enum Effect<'a> {
-    /// Base entries (a whole base, or one part of a run): inserted.
-    Entries(Vec<(Vec<u8>, ValueLoc)>),
-    /// A batch's operations (keys and value locations only), applied as they are decoded.
-    Ops(Vec<JournalOp>, &'a [u8]),
-}
-
 enum Link {
     /// A small record, read whole and verified during the walk, decoded when it is applied
     /// (so no decoded form is held between the walk and the forward pass); and whether its
@@ -99,6 +95,26 @@ enum Link {
     /// A larger record, read (whole, verified) when it is applied: the rest of it after the
     /// start the walk read and kept, or all of it again.
     Reread(Loc, Option<(Frame, Vec<u8>)>),
+}
+
+/// What a walk reuses from one load to the next.
+#[derive(Default)]
+struct WalkBuffers {
+    /// The buffer of the records' first reads: allocated and zero-filled once per thread, not
+    /// once per load. Bounded: a first read asks for at most one speculative read (4 KiB).
+    scratch: Vec<u8>,
+    /// The walked chain, newest first (empty between loads).
+    links: Vec<Link>,
+    /// The first-read size the last load's head record called for (its length with room to
+    /// spare; 0: no load yet). A store's partitions tend to be alike, so the next load asks
+    /// for that much for its own head: not 4 KiB for a record of a few hundred bytes. A head
+    /// longer than that is read on with a second read, as any record longer than its guess.
+    head_guess: usize,
+}
+
+thread_local! {
+    /// Kept per thread, so loads on different threads do not contend for them.
+    static WALK_BUFFERS: RefCell<WalkBuffers> = RefCell::new(WalkBuffers::default());
 }
 
 /// Builds a partition's index by walking its chain back from `head` to its newest complete base
@@ -112,6 +128,29 @@ pub fn load_index(
     state: &PartState,
     head: Loc,
 ) -> Result<(Index, u32)> {
+    // Taken out of their slot while the load runs (a load inside it would get fresh ones),
+    // and put back whatever the load's outcome.
+    let mut buffers = WALK_BUFFERS.try_with(|b| b.take()).unwrap_or_default();
+    let loaded = walk_and_apply(journal, recent, state, head, &mut buffers);
+    buffers.links.clear();
+    // A chain far longer than the usual one (a large base interval) does not keep its room.
+    buffers.links.shrink_to(CHAIN_ROOM);
+    let _ = WALK_BUFFERS.try_with(|b| b.replace(buffers));
+    loaded
+}
+
+fn walk_and_apply(
+    journal: &Journal,
+    recent: &RecentRecords,
+    state: &PartState,
+    head: Loc,
+    buffers: &mut WalkBuffers,
+) -> Result<(Index, u32)> {
+    let WalkBuffers {
+        scratch,
+        links,
+        head_guess,
+    } = buffers;
     let corrupt = |at: Loc, what: &str| {
         state.corrupt_error(&format!(
             "{what} (record at segment {} offset {})",
@@ -119,20 +158,22 @@ pub fn load_index(
             loc_offset(at)
         ))
     };
-    let mut links: Vec<Link> = Vec::new();
     let mut chain_len = 0u32;
     // While inside a complete base run: the part expected next (walking back) and the run size.
     let mut run: Option<(u32, u32)> = None;
     let mut at = head;
-    // Bodies of the batch records read, for the reads that follow the load.
-    let (mut warm, mut warm_bytes) = (Vec::new(), 0usize);
+    // Bytes of the bodies of the batch records read, kept for the reads that follow the load.
+    let mut warm_bytes = 0usize;
     // Bytes of the starts of larger records kept for the forward pass (bounded: past it they
     // are read again).
     let mut kept_starts = 0usize;
-    // One buffer for every record's first read, and the size to ask for: the last record's,
-    // with room to spare (a partition's records tend to be alike), so small records are not
-    // read 4 KiB at a time.
-    let (mut scratch, mut guess) = (Vec::new(), usize::MAX);
+    // The size to ask for in a record's first read (into `scratch`): the last record's, with
+    // room to spare (a partition's records tend to be alike), so small records are not read
+    // 4 KiB at a time.
+    let mut guess = match *head_guess {
+        0 => usize::MAX,
+        g => g,
+    };
     loop {
         if at == 0 {
             if run.is_some() {
@@ -141,7 +182,7 @@ pub fn load_index(
             break;
         }
         let start = journal
-            .read_record_start_in(at, guess, &mut scratch)
+            .read_record_start_in(at, guess, scratch)
             .map_err(|e| match e {
                 Error::Corrupt { detail, what } => {
                     state.corrupt_error(&format!("{what}: {detail}"))
@@ -154,6 +195,9 @@ pub fn load_index(
         };
         let len = FRAME_LEN + frame.body_len as usize;
         guess = len.saturating_add(len / 2).next_power_of_two();
+        if at == head {
+            *head_guess = guess;
+        }
         if frame.partition_hash != state.hash {
             return Err(corrupt(at, "a chain link belongs to another partition"));
         }
@@ -232,10 +276,12 @@ pub fn load_index(
     }
 
     let mut index = Index::new();
-    for link in links.into_iter().rev() {
+    // The bodies of the batch records read, for the reads that follow the load.
+    let mut warm = Vec::with_capacity(links.len());
+    for link in links.drain(..).rev() {
         match link {
             Link::Whole(at, kind, body, keep) => {
-                apply(&mut index, effect(state, kind, &body)?, at);
+                apply(&mut index, state, kind, &body, at)?;
                 if keep {
                     warm.push((at + FRAME_LEN as u64, body.into_boxed_slice()));
                 }
@@ -251,7 +297,7 @@ pub fn load_index(
                     }
                     other => other,
                 })?;
-                apply(&mut index, effect(state, frame.kind, &body)?, at);
+                apply(&mut index, state, frame.kind, &body, at)?;
                 // Its values are read next: keep the verified body too, so they are not read
                 // from the file a second time (moved, not copied).
                 if frame.kind == RecordKind::Batch
@@ -273,33 +319,33 @@ pub fn load_index(
     Ok((index, chain_len))
 }
 
-/// Applies a record's effect to the index being built; the record's body starts after `at`.
-fn apply(index: &mut Index, effect: Effect, at: Loc) {
-    match effect {
+/// Applies a verified record of the partition to the index being built, as it is decoded (no
+/// list of its operations or entries is made, and keys go from the body straight into the
+/// index's arena); values stay on disk. The record's body starts after `at`. On an error the
+/// index holds part of the record: the load fails and drops it.
+fn apply(
+    index: &mut Index,
+    state: &PartState,
+    kind: RecordKind,
+    body: &[u8],
+    at: Loc,
+) -> Result<()> {
+    let head = format::visit_body(kind, body, |item| match item {
         // A base's entries come in key order: into an empty index (the usual case) each one
         // is appended to the index's arena, so room for all of them is made at once.
-        Effect::Entries(entries) => {
-            let bytes = entries.iter().map(|(k, _)| k.len()).sum();
-            index.reserve(entries.len(), bytes);
-            index.extend(entries);
+        Item::Entries { count, key_bytes } => index.reserve(count, key_bytes),
+        Item::Entry(key, loc) => {
+            index.insert(key, loc);
         }
-        Effect::Ops(ops, body) => {
-            partition::apply_to_index(index, partition::journal_ops_to_index(at, body, ops));
+        Item::Op(op) => {
+            partition::apply_to_index(index, [partition::journal_op_to_index(at, body, op)]);
         }
-    }
-}
-
-/// Decodes a verified record of the partition into its effect on the index; values stay on disk.
-fn effect<'a>(state: &PartState, kind: RecordKind, body: &'a [u8]) -> Result<Effect<'a>> {
-    let decoded = format::decode_body(kind, body)
-        .map_err(|_| state.corrupt_error("a record in its chain is malformed"))?;
-    if decoded.partition != state.name.as_bytes() {
+    })
+    .map_err(|_| state.corrupt_error("a record in its chain is malformed"))?;
+    if head.partition != state.name.as_bytes() {
         return Err(state.corrupt_error("a record in its chain names another partition"));
     }
-    Ok(match decoded.content {
-        Content::Base(entries) | Content::BasePart { entries, .. } => Effect::Entries(entries),
-        Content::Batch(ops) => Effect::Ops(ops, body),
-    })
+    Ok(())
 }
 
 #[cfg(test)]
@@ -349,6 +395,34 @@ mod tests {
         for (i, &len) in lens.iter().enumerate().rev() {
             let got = store.get(&p, format!("k{i}").as_bytes()).unwrap();
             assert_eq!(got, Some(vec![i as u8; len]), "key {i}");
+        }
+        store.close().unwrap();
+    }
+
+    #[test]
+    fn a_head_longer_than_the_last_loads_head_is_read_whole() {
+        // The first read of a head is sized by the head of the load before it on the thread:
+        // heads longer than that, within one speculative read or beyond it, are read on.
+        let dir = tempfile::tempdir().unwrap();
+        let heads = [10usize, 3_000, 10, 20_000, 10];
+        let parts: Vec<Partition> = (0..heads.len())
+            .map(|i| Partition::new(format!("p{i}")).unwrap())
+            .collect();
+        let store = FileStore::builder(dir.path())
+            .base_every_records(1_000)
+            .open()
+            .unwrap();
+        for (p, &len) in parts.iter().zip(&heads) {
+            for (key, len) in [(b"a", 10), (b"h", len)] {
+                let b = Batch::new().put(key.to_vec(), vec![len as u8; len]);
+                assert!(store.apply(p, &b).unwrap().is_committed());
+            }
+        }
+        store.close().unwrap();
+        let store = FileStore::builder(dir.path()).open().unwrap();
+        for (p, &len) in parts.iter().zip(&heads) {
+            assert_eq!(store.get(p, b"h").unwrap(), Some(vec![len as u8; len]));
+            assert_eq!(store.get(p, b"a").unwrap(), Some(vec![10u8; 10]));
         }
         store.close().unwrap();
     }

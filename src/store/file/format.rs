@@ -26,9 +26,9 @@ mod body;
 
 use crate::error::{Error, Result};
 pub use body::{
-    BODY_HEAD_MAX, Content, JournalOp, base_entry_len, base_head_len, batch_body_len,
-    decode_base_part_head, decode_body, decode_body_head, encode_base_body, encode_base_part_body,
-    encode_batch_body,
+    BODY_HEAD_MAX, Item, JournalOp, base_entry_len, base_head_len, batch_body_len,
+    decode_base_part_head, decode_body_head, encode_base_body, encode_base_part_body,
+    encode_batch_body, visit_body,
 };
 
 /// The format version this build writes and the newest it reads (SPEC S10). Version 1 files

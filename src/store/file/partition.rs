@@ -148,17 +148,21 @@ impl CommitState {
 }
 
 /// Applies one batch's effect to an index; returns the bytes of values it made unreachable.
-pub fn apply_to_index(index: &mut Index, ops: impl IntoIterator<Item = IndexOp>) -> u64 {
+pub fn apply_to_index<K: AsRef<[u8]>>(
+    index: &mut Index,
+    ops: impl IntoIterator<Item = IndexOp<K>>,
+) -> u64 {
     let mut freed = 0u64;
     for op in ops {
         match op {
             IndexOp::Put(k, v) => {
-                if let Some(old) = index.insert(&*k, v) {
+                if let Some(old) = index.insert(k.as_ref(), v) {
                     freed += old.len as u64;
                 }
             }
             IndexOp::Delete(k) => {
-                if let Some(old) = index.remove(&k) {
+                let k = k.as_ref();
+                if let Some(old) = index.remove(k) {
                     freed += old.len as u64 + k.len() as u64;
                 }
             }
@@ -175,9 +179,12 @@ pub fn apply_to_index(index: &mut Index, ops: impl IntoIterator<Item = IndexOp>)
     freed
 }
 
-pub enum IndexOp {
-    Put(Box<[u8]>, ValueLoc),
-    Delete(Box<[u8]>),
+/// One operation on an index. The key is owned when it comes from a pending batch and
+/// borrowed when a load decodes it from a record's bytes (the index copies it into its arena
+/// either way, so a load allocates nothing per key).
+pub enum IndexOp<K = Box<[u8]>> {
+    Put(K, ValueLoc),
+    Delete(K),
     DeleteRange(KeyRange),
 }
 
@@ -191,29 +198,28 @@ impl From<PendingOp> for IndexOp {
     }
 }
 
-/// Converts a journaled batch at `record` into index operations, as they are applied (no
-/// buffer of operations per record).
-pub fn journal_ops_to_index(
+/// Converts an operation of the journaled batch at `record` (whose body is `body`) into an
+/// index operation, as it is applied: its key stays borrowed from the body.
+pub fn journal_op_to_index<'a>(
     record: Loc,
-    body: &[u8],
-    ops: Vec<JournalOp>,
-) -> impl Iterator<Item = IndexOp> + '_ {
-    let body_at = record + FRAME_LEN as u64;
-    ops.into_iter().map(move |op| match op {
+    body: &'a [u8],
+    op: JournalOp<'a>,
+) -> IndexOp<&'a [u8]> {
+    match op {
         JournalOp::Put(k, offset, len) => {
             let value = &body[offset as usize..offset as usize + len as usize];
             IndexOp::Put(
-                k.into_boxed_slice(),
+                k,
                 ValueLoc {
-                    at: body_at + offset as u64,
+                    at: record + FRAME_LEN as u64 + offset as u64,
                     len,
                     crc: crc32c::crc32c(value),
                 },
             )
         }
-        JournalOp::Delete(k) => IndexOp::Delete(k.into_boxed_slice()),
+        JournalOp::Delete(k) => IndexOp::Delete(k),
         JournalOp::DeleteRange(r) => IndexOp::DeleteRange(r),
-    })
+    }
 }
 
 pub fn head_of(state: &PartState) -> Loc {

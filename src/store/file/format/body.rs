@@ -9,33 +9,38 @@ use super::{Loc, RecordKind, ValueLoc};
 use crate::error::{Error, Result};
 use crate::store::types::{KeyRange, Op};
 
-/// A batch operation as journaled: values stay in the body, located by offset.
+/// A batch operation as journaled: values stay in the body, located by offset. Keys are
+/// borrowed from the body's bytes: a chain walk copies each one straight into its index's arena,
+/// so decoding allocates nothing per key.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum JournalOp {
+pub enum JournalOp<'a> {
     /// Key, and the value's offset and length within the body.
-    Put(Vec<u8>, u32, u32),
-    Delete(Vec<u8>),
+    Put(&'a [u8], u32, u32),
+    Delete(&'a [u8]),
+    /// Owned: rare, and its bounds are kept by the index operation that applies it.
     DeleteRange(KeyRange),
 }
 
-/// A decoded record body. The partition name is borrowed from the body's bytes: a chain walk
-/// only compares it with the partition it walks, so it is not copied for every record.
+/// A decoded record body, collected by [`decode_body`]: the tests' view of what
+/// [`visit_body`] hands over. Its name and keys are borrowed from the body's bytes.
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Body<'a> {
     pub partition: &'a [u8],
     pub prev: Loc,
-    pub content: Content,
+    pub content: Content<'a>,
 }
 
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Content {
-    Batch(Vec<JournalOp>),
-    Base(Vec<(Vec<u8>, ValueLoc)>),
+pub enum Content<'a> {
+    Batch(Vec<JournalOp<'a>>),
+    Base(Vec<(&'a [u8], ValueLoc)>),
     /// Part `part` (from 0) of `parts` of a split base.
     BasePart {
         part: u32,
         parts: u32,
-        entries: Vec<(Vec<u8>, ValueLoc)>,
+        entries: Vec<(&'a [u8], ValueLoc)>,
     },
 }
 
@@ -197,15 +202,15 @@ impl<'a> Reader<'a> {
     fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
     }
-    fn key(&mut self) -> Option<Vec<u8>> {
+    fn key(&mut self) -> Option<&'a [u8]> {
         let n = self.u16()? as usize;
-        Some(self.take(n)?.to_vec())
+        self.take(n)
     }
     fn bound(&mut self) -> Option<Bound<Vec<u8>>> {
         match self.u8()? {
             0 => Some(Bound::Unbounded),
-            1 => Some(Bound::Included(self.key()?)),
-            2 => Some(Bound::Excluded(self.key()?)),
+            1 => Some(Bound::Included(self.key()?.to_vec())),
+            2 => Some(Bound::Excluded(self.key()?.to_vec())),
             _ => None,
         }
     }
@@ -238,13 +243,71 @@ pub fn decode_base_part_head(body: &[u8]) -> Option<(u32, u32)> {
     (part < parts).then_some((part, parts))
 }
 
-/// Decodes a whole body. Fails (never panics) on any malformed input.
+/// One piece of a body's content, as [`visit_body`] decodes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Item<'a> {
+    /// A batch's operation.
+    Op(JournalOp<'a>),
+    /// A base's (or base part's) size, before its entries: how many there are and the bytes
+    /// of their keys, so an index can make room for all of them at once.
+    Entries { count: usize, key_bytes: usize },
+    /// One entry of a base, in key order.
+    Entry(&'a [u8], ValueLoc),
+}
+
+/// The parts of a body outside its operations or entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyHead<'a> {
+    pub partition: &'a [u8],
+    pub prev: Loc,
+    /// A base part's place in its run: (part, parts).
+    pub place: Option<(u32, u32)>,
+}
+
+/// Decodes a whole body into lists, through [`visit_body`]. Fails (never panics) on any
+/// malformed input.
+#[cfg(test)]
 pub fn decode_body(kind: RecordKind, body: &[u8]) -> Result<Body<'_>> {
-    decode_body_inner(kind, body)
+    let (mut ops, mut entries) = (Vec::new(), Vec::new());
+    let head = visit_body(kind, body, |item| match item {
+        Item::Op(op) => ops.push(op),
+        Item::Entries { count, .. } => entries.reserve_exact(count),
+        Item::Entry(k, v) => entries.push((k, v)),
+    })?;
+    let content = match (kind, head.place) {
+        (RecordKind::Batch, _) => Content::Batch(ops),
+        (_, Some((part, parts))) => Content::BasePart {
+            part,
+            parts,
+            entries,
+        },
+        (_, None) => Content::Base(entries),
+    };
+    Ok(Body {
+        partition: head.partition,
+        prev: head.prev,
+        content,
+    })
+}
+
+/// Decodes a body, handing each operation or entry to `visit` as it is decoded, so a chain
+/// walk applies a record to its index without collecting it first. Fails (never panics) on
+/// any malformed input; `visit` may then have seen the items before the fault, so a caller
+/// drops what it built from them.
+pub fn visit_body<'a>(
+    kind: RecordKind,
+    body: &'a [u8],
+    visit: impl FnMut(Item<'a>),
+) -> Result<BodyHead<'a>> {
+    visit_body_inner(kind, body, visit)
         .ok_or_else(|| Error::corrupt("journal record", "malformed record body"))
 }
 
-fn decode_body_inner(kind: RecordKind, body: &[u8]) -> Option<Body<'_>> {
+fn visit_body_inner<'a>(
+    kind: RecordKind,
+    body: &'a [u8],
+    mut visit: impl FnMut(Item<'a>),
+) -> Option<BodyHead<'a>> {
     let mut r = Reader { bytes: body, at: 0 };
     let n = r.u8()? as usize;
     let partition = r.take(n)?;
@@ -261,16 +324,14 @@ fn decode_body_inner(kind: RecordKind, body: &[u8]) -> Option<Body<'_>> {
         _ => None,
     };
     let count = r.u32()? as usize;
-    let content = match kind {
+    match kind {
         RecordKind::Batch => {
-            // Each op takes at least 2 bytes, so a count beyond that is a lie: refuse before
-            // allocating for it.
+            // Each op takes at least 2 bytes, so a count beyond that is a lie.
             if count > r.remaining() / 2 {
                 return None;
             }
-            let mut ops = Vec::with_capacity(count);
             for _ in 0..count {
-                ops.push(match r.u8()? {
+                visit(Item::Op(match r.u8()? {
                     OP_PUT => {
                         let k = r.key()?;
                         let len = r.u32()?;
@@ -285,39 +346,36 @@ fn decode_body_inner(kind: RecordKind, body: &[u8]) -> Option<Body<'_>> {
                         JournalOp::DeleteRange(KeyRange { start, end })
                     }
                     _ => return None,
-                });
+                }));
             }
-            Content::Batch(ops)
         }
         RecordKind::Base | RecordKind::BasePart => {
-            if count > r.remaining() / 18 {
+            // Each entry takes 18 bytes besides its key: what remains beyond that is exactly
+            // the keys' bytes, unless the body is malformed (then it is refused below).
+            let framing = count.checked_mul(18)?;
+            if framing > r.remaining() {
                 return None;
             }
-            let mut entries = Vec::with_capacity(count);
+            visit(Item::Entries {
+                count,
+                key_bytes: r.remaining() - framing,
+            });
             for _ in 0..count {
                 let k = r.key()?;
                 let at = r.u64()?;
                 let len = r.u32()?;
                 let crc = r.u32()?;
-                entries.push((k, ValueLoc { at, len, crc }));
-            }
-            match place {
-                Some((part, parts)) => Content::BasePart {
-                    part,
-                    parts,
-                    entries,
-                },
-                None => Content::Base(entries),
+                visit(Item::Entry(k, ValueLoc { at, len, crc }));
             }
         }
-    };
+    }
     if r.remaining() != 0 {
         return None;
     }
-    Some(Body {
+    Some(BodyHead {
         partition,
         prev,
-        content,
+        place,
     })
 }
 
@@ -346,7 +404,7 @@ mod tests {
         let Content::Batch(jops) = decoded.content else {
             panic!()
         };
-        assert_eq!(jops[0], JournalOp::Put(b"k".to_vec(), offsets[0], 5));
+        assert_eq!(jops[0], JournalOp::Put(b"k", offsets[0], 5));
         assert_eq!(
             &body[offsets[0] as usize..offsets[0] as usize + 5],
             b"value"
@@ -380,7 +438,7 @@ mod tests {
             Content::BasePart {
                 part: 1,
                 parts: 3,
-                entries: vec![(b"a".to_vec(), v), (b"b".to_vec(), v)],
+                entries: vec![(&b"a"[..], v), (&b"b"[..], v)],
             }
         );
         // A part outside its run is malformed.
