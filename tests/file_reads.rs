@@ -259,3 +259,74 @@ fn after_compaction_a_scattered_history_is_one_read() {
     );
     store.close().unwrap();
 }
+
+/// A closed store where `p` has a base and then `n` small batches, each followed by one of
+/// another partition's: `p`'s chain is small records lying close together in one segment.
+fn a_tail_of_small_records(n: u64) -> (FaultFs, Partition) {
+    let fs = FaultFs::new();
+    let p = Partition::new("entity/1").unwrap();
+    let other = Partition::new("entity/2").unwrap();
+    let store = builder(&fs)
+        .segment_bytes(1 << 20)
+        .base_every_records(1_000)
+        .open()
+        .unwrap();
+    for i in 0..n {
+        let batch = Batch::new().put(key(i), b"a row of about a hundred bytes".repeat(3));
+        assert!(store.apply(&p, &batch).unwrap().is_committed());
+        assert!(store.apply(&other, &batch).unwrap().is_committed());
+    }
+    store.close().unwrap();
+    assert_eq!(segments(&fs).len(), 1, "the records must share one segment");
+    (fs, p)
+}
+
+#[test]
+fn a_load_reads_a_chain_of_small_records_lying_close_together_with_a_few_reads() {
+    const N: u64 = 100;
+    let (fs, p) = a_tail_of_small_records(N);
+    // The load alone (a missing key reads no value), then a point read of the newest row.
+    let reads = reads_of(&fs, |store| {
+        assert_eq!(store.get(&p, b"absent").unwrap(), None);
+    });
+    // One read of the head, then windows of 64 KiB that hold the chain's 100 records of
+    // about 150 bytes (with another partition's between): not one read per record.
+    assert!(
+        reads <= 6,
+        "{reads} reads to load a chain of {N} small records"
+    );
+    let store = builder(&fs).open().unwrap();
+    for i in [N - 1, 0, N / 2] {
+        assert_eq!(
+            store.get(&p, &key(i)).unwrap(),
+            Some(b"a row of about a hundred bytes".repeat(3))
+        );
+    }
+    store.close().unwrap();
+}
+
+#[test]
+fn a_damaged_record_in_a_chain_read_together_answers_corrupt_naming_its_segment() {
+    let (fs, p) = a_tail_of_small_records(100);
+    // `p`'s record of row 50 (written before the other partition's): within a window.
+    let segment = segments(&fs).pop().unwrap();
+    let needle = key(50);
+    damage(&fs, &segment, |bytes| {
+        let at = bytes
+            .windows(needle.len())
+            .position(|w| w == needle.as_slice())
+            .expect("the key is in the segment");
+        bytes[at + 2] ^= 0x40;
+    });
+    let store = open(&fs);
+    match store.get(&p, &key(99)) {
+        Err(Error::Corrupt { what, detail }) => {
+            let text = format!("{what}: {detail}");
+            assert!(text.contains("entity/1"), "{text}");
+            let named = format!("segment {}", segment_number(&segment));
+            assert!(text.contains(&named), "{text}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    store.close().unwrap();
+}

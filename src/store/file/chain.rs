@@ -10,7 +10,9 @@
 //!
 //! A load holds the keys and value locations of the chain, never its values: records longer
 //! than one small read are read in full, one at a time, when they are applied (the rest after
-//! the start the walk read, while the kept starts stay within [`RECENT_BYTES`]). The verified
+//! the start the walk read, while the kept starts stay within [`RECENT_BYTES`]). Records whose
+//! chain link points close before them are taken from one window read of the bytes before
+//! them (see [`Journal::fill_window`]), each checked as its own read would be. The verified
 //! bodies of the batch records it reads go to the store's cache of recent records, up to its
 //! bound, so the reads that follow take their values from there (see [`super::values`]).
 
@@ -22,7 +24,7 @@ use super::format::{
     self, FRAME_LEN, Item, Loc, RecordKind, decode_base_part_head, decode_body_head, loc_offset,
     loc_segment,
 };
-use super::journal::{Journal, RecordStart};
+use super::journal::{Journal, RecordStart, Window};
 use super::partition::{self, CommitState, Index, PartState};
 use super::values::{RECENT_BODY_MAX, RECENT_BYTES, RecentRecords};
 use crate::error::{Error, Result};
@@ -110,6 +112,10 @@ struct WalkBuffers {
     /// for that much for its own head: not 4 KiB for a record of a few hundred bytes. A head
     /// longer than that is read on with a second read, as any record longer than its guess.
     head_guess: usize,
+    /// Bytes before a record read in one go, when its chain link points close before it, for
+    /// the records there (see [`Journal::fill_window`]). Bounded: one window of 64 KiB,
+    /// allocated once per thread.
+    window: Window,
 }
 
 thread_local! {
@@ -150,7 +156,11 @@ fn walk_and_apply(
         scratch,
         links,
         head_guess,
+        window,
     } = buffers;
+    // A window left by the load before describes bytes that are still there, but it is not
+    // this walk's: start empty.
+    window.clear();
     let corrupt = |at: Loc, what: &str| {
         state.corrupt_error(&format!(
             "{what} (record at segment {} offset {})",
@@ -162,6 +172,8 @@ fn walk_and_apply(
     // While inside a complete base run: the part expected next (walking back) and the run size.
     let mut run: Option<(u32, u32)> = None;
     let mut at = head;
+    // The record read last (0: none yet), whose chain link is `at`.
+    let mut after = 0;
     // Bytes of the bodies of the batch records read, kept for the reads that follow the load.
     let mut warm_bytes = 0usize;
     // Bytes of the starts of larger records kept for the forward pass (bounded: past it they
@@ -181,14 +193,18 @@ fn walk_and_apply(
             }
             break;
         }
-        let start = journal
-            .read_record_start_in(at, guess, scratch)
-            .map_err(|e| match e {
-                Error::Corrupt { detail, what } => {
-                    state.corrupt_error(&format!("{what}: {detail}"))
-                }
-                other => other,
-            })?;
+        if after != 0 && !window.holds(at) {
+            journal.fill_window(after, at, window);
+        }
+        after = at;
+        let start = match journal.record_in_window(at, window) {
+            Some(start) => start,
+            None => journal.read_record_start_in(at, guess, scratch),
+        };
+        let start = start.map_err(|e| match e {
+            Error::Corrupt { detail, what } => state.corrupt_error(&format!("{what}: {detail}")),
+            other => other,
+        })?;
         let (frame, bytes, whole) = match start {
             RecordStart::Whole(frame, body) => (frame, body, true),
             RecordStart::Partial(frame, start) => (frame, start, false),

@@ -29,7 +29,7 @@ use super::vfs::{Vfs, VfsFile};
 use crate::error::{Error, Result};
 
 pub use group::AppendIntent;
-pub use reads::{RecordStart, value_damage};
+pub use reads::{RecordStart, Window, value_damage};
 pub use steps::{
     create_segment, new_salt, parse_segment_file_name, preallocation_target, prepare_step,
     segment_file_name,

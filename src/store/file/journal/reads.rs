@@ -1,5 +1,6 @@
 //! Reading the journal by location: values and records, verified against their checksums;
-//! damage answers `Corrupt`, never a retryable `Io` (SPEC S4).
+//! damage answers `Corrupt`, never a retryable `Io` (SPEC S4). A chain walk may take records
+//! from a window of the bytes before a record, read at once, checked as a read of each would be.
 
 use super::super::format::{self, FRAME_LEN, Frame, Loc, ValueLoc, loc_offset, loc_segment};
 use super::super::vfs::VfsFile;
@@ -130,6 +131,113 @@ impl Journal {
                 scratch[FRAME_LEN..got].to_vec(),
             ))
         }
+    }
+}
+
+impl Journal {
+    /// Fills `window` with the bytes of the segment of `at` that end where the record at `at`
+    /// starts, up to [`WINDOW_BYTES`] of them, when `prev`, the record before it in its chain,
+    /// starts at most [`WINDOW_REACH`] bytes before it in the same segment: a chain walk then
+    /// takes `prev` and the records before it that lie in the window from there, one read for
+    /// all of them. The window stays inside the segment (it starts at the segment's start at
+    /// the earliest). Answers whether it filled the window; a failed or short read empties it
+    /// and answers false, so the record is read alone and any damage is reported from there.
+    pub fn fill_window(&self, at: Loc, prev: Loc, window: &mut Window) -> bool {
+        window.len = 0;
+        let (segment, end) = (loc_segment(at), loc_offset(at));
+        if loc_segment(prev) != segment || loc_offset(prev) >= end {
+            return false;
+        }
+        if end - loc_offset(prev) > WINDOW_REACH as u64 {
+            return false;
+        }
+        let Ok(file) = self.segments.reader(segment) else {
+            return false;
+        };
+        let start = end.saturating_sub(WINDOW_BYTES as u64);
+        let len = (end - start) as usize;
+        if window.bytes.len() < len {
+            // Zeroed once per thread, not once per walk.
+            window.bytes.resize(WINDOW_BYTES, 0);
+        }
+        match read_up_to(&*file, &mut window.bytes[..len], start) {
+            Ok(got) if got == len => {
+                (window.segment, window.start, window.len) = (segment, start, len);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The record at `at` taken from `window`, checked exactly as [`Journal::read_record_start`]
+    /// checks it (the segment's seed, the frame's checksum, the body's checksum), when its frame
+    /// lies in the window and it is whole there and no longer than one speculative read (so the
+    /// answer is the one a read would give); `None` otherwise, and the record is read.
+    pub fn record_in_window(&self, at: Loc, window: &Window) -> Option<Result<RecordStart>> {
+        let from = window.offset_of(at)?;
+        if from + FRAME_LEN > window.len {
+            return None;
+        }
+        let seed = match self.segments.seed(loc_segment(at)) {
+            Ok(seed) => seed,
+            Err(e) => return Some(Err(e)),
+        };
+        let held = &window.bytes[from..window.len];
+        let Some(frame) = format::decode_frame(seed, &held[..FRAME_LEN]) else {
+            return Some(Err(record_damage(at, "record header failed its checksum")));
+        };
+        let end = FRAME_LEN + frame.body_len as usize;
+        if end > held.len() || end > SPECULATIVE_READ {
+            return None;
+        }
+        let body = &held[FRAME_LEN..end];
+        if format::body_crc(body) != frame.body_crc {
+            return Some(Err(record_damage(at, "record body failed its checksum")));
+        }
+        Some(Ok(RecordStart::Whole(frame, body.to_vec())))
+    }
+}
+
+/// Bytes a chain walk reads at once when a record's chain link points close before it (see
+/// [`Journal::fill_window`]): a partition's small records written in a row, with other
+/// partitions' records between, are read together rather than one read each.
+pub const WINDOW_BYTES: usize = 64 << 10;
+/// How far before a record its chain's previous record may start for the walk to read a
+/// window: nearer records make a window likely to hold several of the chain's records, so
+/// one read of [`WINDOW_BYTES`] replaces several small ones rather than one.
+pub const WINDOW_REACH: usize = 16 << 10;
+
+/// Bytes of one journal segment a chain walk read in one go (see [`Journal::fill_window`]);
+/// its buffer is kept by the walk's thread from one load to the next.
+#[derive(Default)]
+pub struct Window {
+    segment: u32,
+    /// Offset in the segment of the window's first byte.
+    start: u64,
+    /// Bytes of `bytes` that hold the segment's (0: the window is empty).
+    len: usize,
+    bytes: Vec<u8>,
+}
+
+impl Window {
+    /// Where in the window the bytes at `at` start, if the window holds them.
+    fn offset_of(&self, at: Loc) -> Option<usize> {
+        let offset = loc_offset(at);
+        (self.len > 0
+            && loc_segment(at) == self.segment
+            && offset >= self.start
+            && offset < self.start + self.len as u64)
+            .then(|| (offset - self.start) as usize)
+    }
+
+    /// Whether the window holds the start of the bytes at `at`.
+    pub fn holds(&self, at: Loc) -> bool {
+        self.offset_of(at).is_some()
+    }
+
+    /// Empties the window (its buffer is kept).
+    pub fn clear(&mut self) {
+        self.len = 0;
     }
 }
 
