@@ -6,6 +6,7 @@
 //! take turns (`ONE_AT_A_TIME`), so no other test's allocations blur the counts.
 
 use std::alloc::System;
+use std::path::Path;
 use std::sync::Mutex;
 
 use portcullis::log;
@@ -18,6 +19,19 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 const RECORDS: usize = 200;
+
+/// Opens the store in `dir` without syncs (a base every `base_every` records of a partition,
+/// or the store's default), lets `write` fill it and closes it, so that what the test reads
+/// next starts from a fresh open with nothing loaded.
+fn written(dir: &Path, base_every: Option<u32>, write: impl FnOnce(&FileStore)) {
+    let mut builder = FileStore::builder(dir).sync_policy(SyncPolicy::NeverSyncMayLoseRecent);
+    if let Some(records) = base_every {
+        builder = builder.base_every_records(records);
+    }
+    let store = builder.open().unwrap();
+    write(&store);
+    store.close().unwrap();
+}
 
 fn fill(store: &dyn Store, p: &Partition) {
     for i in 0..RECORDS {
@@ -59,14 +73,7 @@ fn a_log_page_allocates_each_payload_once_on_the_file_store() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let p = Partition::new("e/logs/1").unwrap();
-    {
-        let store = FileStore::builder(dir.path())
-            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
-            .open()
-            .unwrap();
-        fill(&store, &p);
-        store.close().unwrap();
-    }
+    written(dir.path(), None, |store| fill(store, &p));
     let store = FileStore::builder(dir.path()).open().unwrap();
     // The first read loads the partition's index; the second reads only values.
     log::read_log(&store, &p, 1, RECORDS).unwrap();
@@ -107,14 +114,7 @@ fn a_lent_log_page_allocates_nothing_per_record_on_either_store() {
     let memory = MemoryStore::new();
     fill(&memory, &p);
     let dir = tempfile::tempdir().unwrap();
-    {
-        let store = FileStore::builder(dir.path())
-            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
-            .open()
-            .unwrap();
-        fill(&store, &p);
-        store.close().unwrap();
-    }
+    written(dir.path(), None, |store| fill(store, &p));
     let file = FileStore::builder(dir.path()).open().unwrap();
     // The first read loads the partition's index; the second reads only values.
     log::read_log(&file, &p, 1, RECORDS).unwrap();
@@ -193,18 +193,12 @@ fn a_chain_walk_allocates_about_what_its_records_hold() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let p = Partition::new("e/logs/1").unwrap();
-    {
-        let store = FileStore::builder(dir.path())
-            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
-            .base_every_records(1_000)
-            .open()
-            .unwrap();
+    written(dir.path(), Some(1_000), |store| {
         for i in 0..CHAIN {
             let b = Batch::new().put(format!("k{i:03}").into_bytes(), vec![i as u8; 150]);
             assert!(store.apply(&p, &b).unwrap().is_committed());
         }
-        store.close().unwrap();
-    }
+    });
     let store = FileStore::builder(dir.path()).open().unwrap();
     // A get of an absent key loads the index (walking every record) and reads no value.
     let region = Region::new(GLOBAL);
@@ -233,12 +227,7 @@ fn a_load_allocates_nothing_per_key() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let p = Partition::new("e/logs/1").unwrap();
-    {
-        let store = FileStore::builder(dir.path())
-            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
-            .base_every_records(2)
-            .open()
-            .unwrap();
+    written(dir.path(), Some(2), |store| {
         let mut b = Batch::new();
         for i in 0..BASE_KEYS {
             b = b.put(format!("key{i:05}").into_bytes(), vec![1u8; 8]);
@@ -247,22 +236,15 @@ fn a_load_allocates_nothing_per_key() {
         // The base is written once the chain holds two records.
         let b = Batch::new().put(b"key00000".to_vec(), vec![2u8; 8]);
         assert!(store.apply(&p, &b).unwrap().is_committed());
-        store.close().unwrap();
-    }
-    {
-        let store = FileStore::builder(dir.path())
-            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
-            .base_every_records(1_000)
-            .open()
-            .unwrap();
+    });
+    written(dir.path(), Some(1_000), |store| {
         for i in 0..CHAIN {
             let b = Batch::new()
                 .put(format!("key{i:05}").into_bytes(), vec![3u8; 8])
                 .delete(format!("key{:05}", BASE_KEYS - 1 - i).into_bytes());
             assert!(store.apply(&p, &b).unwrap().is_committed());
         }
-        store.close().unwrap();
-    }
+    });
     let store = FileStore::builder(dir.path()).open().unwrap();
     let region = Region::new(GLOBAL);
     assert_eq!(store.get(&p, b"absent").unwrap(), None);
@@ -292,20 +274,14 @@ fn a_load_after_another_allocates_no_read_buffer() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (Partition::new("a").unwrap(), Partition::new("b").unwrap());
-    {
-        let store = FileStore::builder(dir.path())
-            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
-            .base_every_records(1_000)
-            .open()
-            .unwrap();
+    written(dir.path(), Some(1_000), |store| {
         for i in 0..3u8 {
             for p in [&a, &b] {
                 let batch = Batch::new().put(vec![b'k', i], vec![i; 20]);
                 assert!(store.apply(p, &batch).unwrap().is_committed());
             }
         }
-        store.close().unwrap();
-    }
+    });
     let store = FileStore::builder(dir.path()).open().unwrap();
     assert_eq!(store.get(&a, b"absent").unwrap(), None);
     let region = Region::new(GLOBAL);
