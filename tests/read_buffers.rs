@@ -68,63 +68,63 @@ fn lent_page(store: &FileStore, p: &Partition, len: usize) -> (usize, usize) {
     (change.allocations, change.bytes_allocated)
 }
 
-#[test]
-fn a_page_read_again_allocates_nothing_for_its_values() {
+/// Runs `test` on a store [`reopened`] in a fresh directory with values of `len` bytes, after
+/// one lent page has loaded the partition's index and allocated the page's buffers; closes it.
+fn after_a_first_page(len: usize, test: impl FnOnce(&FileStore, &Partition)) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let p = Partition::new("e/bufs/1").unwrap();
+    let store = reopened(dir.path(), &p, len);
+    lent_page(&store, &p, len);
+    test(&store, &p);
+    store.close().unwrap();
+}
+
+#[test]
+fn a_page_read_again_allocates_nothing_for_its_values() {
     // 200 KiB of values: more than the cache of recent records holds, so the page reads most
     // of them from the journal.
     let len = 1_000;
-    let store = reopened(dir.path(), &p, len);
-    // The first page loads the index and allocates the page's buffers.
-    lent_page(&store, &p, len);
-    for _ in 0..3 {
-        let (allocations, bytes) = lent_page(&store, &p, len);
-        // Not one buffer of the page's size, nor one allocation per value or per read.
-        assert!(
-            allocations <= 1 && bytes < len,
-            "{allocations} allocations, {bytes} bytes for a page of {VALUES} values of {len} bytes"
-        );
-    }
-    store.close().unwrap();
+    after_a_first_page(len, |store, p| {
+        for _ in 0..3 {
+            let (allocations, bytes) = lent_page(store, p, len);
+            // Not one buffer of the page's size, nor one allocation per value or per read.
+            assert!(
+                allocations <= 1 && bytes < len,
+                "{allocations} allocations, {bytes} bytes for a page of {VALUES} values of {len} bytes"
+            );
+        }
+    });
 }
 
 #[test]
 fn a_get_allocates_only_the_value_it_answers() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let p = Partition::new("e/bufs/1").unwrap();
     let len = 1_000;
-    let store = reopened(dir.path(), &p, len);
-    // Loads the index; later reads find the values in the journal, past the cache's reach.
-    lent_page(&store, &p, len);
-    let k = key(0);
-    let region = Region::new(GLOBAL);
-    let got = store.get(&p, &k).unwrap();
-    let allocations = region.change().allocations;
-    assert_eq!(got, Some(value(0, len)));
-    assert_eq!(allocations, 1, "{allocations} allocations for one value");
-    store.close().unwrap();
+    // The first page loads the index; later reads find the values in the journal, past the
+    // cache's reach.
+    after_a_first_page(len, |store, p| {
+        let k = key(0);
+        let region = Region::new(GLOBAL);
+        let got = store.get(p, &k).unwrap();
+        let allocations = region.change().allocations;
+        assert_eq!(got, Some(value(0, len)));
+        assert_eq!(allocations, 1, "{allocations} allocations for one value");
+    });
 }
 
 #[test]
 fn a_page_larger_than_the_kept_bound_is_not_kept() {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let p = Partition::new("e/bufs/1").unwrap();
     // 200 values of 2 KiB: a 400 KiB page, over the 256 KiB a kept page may hold.
     let len = 2_048;
-    let store = reopened(dir.path(), &p, len);
-    lent_page(&store, &p, len);
-    for _ in 0..2 {
-        // Its buffers were dropped after the last page, so this page allocates its own again.
-        let (_, bytes) = lent_page(&store, &p, len);
-        assert!(
-            bytes >= VALUES * len / 2,
-            "{bytes} bytes allocated: a page of {} bytes was kept",
-            VALUES * len
-        );
-    }
-    store.close().unwrap();
+    after_a_first_page(len, |store, p| {
+        for _ in 0..2 {
+            // Its buffers were dropped after the last page, so this page allocates its own again.
+            let (_, bytes) = lent_page(store, p, len);
+            assert!(
+                bytes >= VALUES * len / 2,
+                "{bytes} bytes allocated: a page of {} bytes was kept",
+                VALUES * len
+            );
+        }
+    });
 }
