@@ -136,8 +136,9 @@ impl System for Portcullis {
          commits: one partition per thread; logs: one partition per entity (the engine's \
          entity partition, registered with `Engine::register`) written and read with \
          `portcullis::log` (`append`: one guarded batch per append, guarded on the log's head \
-         row; `read_log` pages of 1,024; the point read after a kill: `read_log` of one \
-         record); compare-and-set: `get_for_update`, then a batch guarded with `equals`; "
+         row; `visit_log` pages of 1,024, each record's payload lent, not copied; the point \
+         read after a kill: `read_log` of one record); compare-and-set: `get_for_update`, then \
+         a batch guarded with `equals`; "
             .to_string()
             + crate::engine_restore::CONFIG
     }
