@@ -140,19 +140,19 @@ impl Journal {
     /// starts at most [`WINDOW_REACH`] bytes before it in the same segment: a chain walk then
     /// takes `prev` and the records before it that lie in the window from there, one read for
     /// all of them. The window stays inside the segment (it starts at the segment's start at
-    /// the earliest). Answers whether it filled the window; a failed or short read empties it
-    /// and answers false, so the record is read alone and any damage is reported from there.
-    pub fn fill_window(&self, at: Loc, prev: Loc, window: &mut Window) -> bool {
+    /// the earliest). Otherwise, or when the read fails or comes up short, the window is left
+    /// empty, so the record is read alone and any damage is reported from there.
+    pub fn fill_window(&self, at: Loc, prev: Loc, window: &mut Window) {
         window.len = 0;
         let (segment, end) = (loc_segment(at), loc_offset(at));
-        if loc_segment(prev) != segment || loc_offset(prev) >= end {
-            return false;
-        }
-        if end - loc_offset(prev) > WINDOW_REACH as u64 {
-            return false;
+        let close_before = loc_segment(prev) == segment
+            && loc_offset(prev) < end
+            && end - loc_offset(prev) <= WINDOW_REACH as u64;
+        if !close_before {
+            return;
         }
         let Ok(file) = self.segments.reader(segment) else {
-            return false;
+            return;
         };
         let start = end.saturating_sub(WINDOW_BYTES as u64);
         let len = (end - start) as usize;
@@ -160,12 +160,10 @@ impl Journal {
             // Zeroed once per thread, not once per walk.
             window.bytes.resize(WINDOW_BYTES, 0);
         }
-        match read_up_to(&*file, &mut window.bytes[..len], start) {
-            Ok(got) if got == len => {
-                (window.segment, window.start, window.len) = (segment, start, len);
-                true
-            }
-            _ => false,
+        if let Ok(got) = read_up_to(&*file, &mut window.bytes[..len], start)
+            && got == len
+        {
+            (window.segment, window.start, window.len) = (segment, start, len);
         }
     }
 
