@@ -5,7 +5,8 @@
 //! Criterion asks for a number of commits; `iter_custom` spreads them over N threads that start
 //! together and times until the last one finishes, so criterion's time per iteration is wall
 //! time per commit and its throughput is commits per second. Keys are fresh (an append-only
-//! log), so no garbage is made and compaction stays idle.
+//! log), so no value is overwritten; only the records a newer base supersedes die, and
+//! compaction can start only once a run fills a segment (32 MiB).
 //!
 //! Two layouts: every thread writes its own partition, and all threads write one partition.
 //!

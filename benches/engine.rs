@@ -61,10 +61,10 @@ impl StateMachine for Mix {
         Ok(())
     }
 
-    fn encode_checkpoint(&self, state: &[u64; 2]) -> Vec<u8> {
+    fn encode_checkpoint(&self, state: &[u64; 2]) -> Result<Vec<u8>, Rejection> {
         let mut out = state[0].to_le_bytes().to_vec();
         out.extend_from_slice(&state[1].to_le_bytes());
-        out
+        Ok(out)
     }
 
     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<[u64; 2], Rejection> {
@@ -244,7 +244,7 @@ fn build_deep(records: u64, record_len: usize) -> Deep {
     }
     loader.append(2, &[template]);
     let p = checkpointed.partition();
-    let encoded = Mix.encode_checkpoint(&state);
+    let encoded = Mix.encode_checkpoint(&state).expect("a mix encodes");
     match log::write_checkpoint(
         &loader.store,
         &p,

@@ -13,6 +13,12 @@
 //! (near zero when memory is bounded by the budget rather than by the entities touched).
 //! `PORTCULLIS_MEMORY_ENTITIES` sets the count (default 200,000).
 //!
+//! The third table (SPEC S8, R10) writes: many partitions written once each (one 16-byte row),
+//! by the store under `max_loaded_partitions` and by the engine under both budgets, and the
+//! heap held after every twentieth of them (relative to just after open), so it shows whether
+//! memory stays flat whatever the number of partitions written since open.
+//! `PORTCULLIS_MEMORY_WRITES` sets the count (default 1,000,000).
+//!
 //! Run: `cargo bench --bench memory` (prints a table; not a criterion benchmark).
 
 mod common;
@@ -91,8 +97,8 @@ impl StateMachine for Bytes {
         s.extend_from_slice(r);
         Ok(())
     }
-    fn encode_checkpoint(&self, s: &Vec<u8>) -> Vec<u8> {
-        s.clone()
+    fn encode_checkpoint(&self, s: &Vec<u8>) -> Result<Vec<u8>, Rejection> {
+        Ok(s.clone())
     }
     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<Vec<u8>, Rejection> {
         Ok(b.to_vec())
@@ -198,8 +204,119 @@ fn engine_table(n: u64, full: bool) {
     }
 }
 
+/// Heap held (net bytes since the start) at each of 20 checkpoints while `n` items are written
+/// by `write(i)`, and how long it took.
+fn held_while_writing(
+    n: u64,
+    mut write: impl FnMut(u64),
+) -> (Vec<(u64, i64)>, std::time::Duration) {
+    let started = std::time::Instant::now();
+    let region = Region::new(GLOBAL);
+    let step = (n / 20).max(1);
+    let mut points = Vec::new();
+    for i in 0..n {
+        write(i);
+        if (i + 1) % step == 0 || i + 1 == n {
+            let s = region.change();
+            points.push((i + 1, s.bytes_allocated as i64 - s.bytes_deallocated as i64));
+        }
+    }
+    (points, started.elapsed())
+}
+
+fn write_row(what: &str, budget: usize, points: &[(u64, i64)], took: std::time::Duration) {
+    let at = |frac: u64| {
+        let n = points.last().map_or(0, |p| p.0);
+        points
+            .iter()
+            .find(|p| p.0 >= n * frac / 20)
+            .copied()
+            .unwrap_or((0, 0))
+    };
+    let (half, end) = (at(10), at(20));
+    let second: Vec<i64> = points
+        .iter()
+        .filter(|p| p.0 > half.0)
+        .map(|p| p.1)
+        .collect();
+    let (least, most) = (
+        second.iter().min().copied().unwrap_or(0),
+        second.iter().max().copied().unwrap_or(0),
+    );
+    println!(
+        "| {what} | {budget} | {} | {} | {} | {} | {least} to {most} | {:.1} | {:.2} | ({took:?})",
+        end.0,
+        at(2).1,
+        half.1,
+        end.1,
+        end.1 as f64 / end.0 as f64,
+        (end.1 - half.1) as f64 / (end.0 - half.0).max(1) as f64,
+    );
+}
+
+/// Partitions written once each under a budget, by the store and by the engine.
+fn write_table(n: u64, full: bool) {
+    let budget = (n / 200).max(10) as usize;
+    println!();
+    println!(
+        "## memory: {n} partitions written once each under a budget{}",
+        if full { "" } else { " (smoke run)" }
+    );
+    println!(
+        "net heap bytes held since open, after a tenth, half and all of the writes, and the least and most at the 10 checkpoints of the second half; bytes per partition at the end; growth per partition over the second half (about 0 when flat)"
+    );
+    println!(
+        "| writer | budget | partitions | after a tenth | after half | after all | second half, least to most | per partition | growth per partition, second half |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    {
+        let dir = scratch("memory-writes");
+        let store = FileStore::builder(dir.path())
+            .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+            .auto_compact(false)
+            .max_loaded_partitions(budget)
+            .open()
+            .expect("open");
+        let row = vec![1u8; 16];
+        let (points, took) = held_while_writing(n, |i| {
+            let p = Partition::new(common::part_name(i)).expect("valid name");
+            let outcome = store
+                .apply(&p, &Batch::new().put(seq_key(0), row.clone()))
+                .expect("apply");
+            assert!(outcome.is_committed());
+        });
+        let stats = store.stats();
+        assert_eq!(stats.partitions, n);
+        assert!(stats.partitions_loaded <= budget as u64);
+        write_row("store, `max_loaded_partitions`", budget, &points, took);
+        store.close().expect("close");
+    }
+    {
+        let dir = scratch("memory-engine-writes");
+        let engine = open_engine(dir.path(), Some(budget));
+        let (points, took) = held_while_writing(n, |i| {
+            engine
+                .append(&engine_entity(i), vec![vec![7u8; 16]])
+                .expect("append");
+        });
+        write_row(
+            "engine, `max_resident_entities` and `max_loaded_partitions`",
+            budget,
+            &points,
+            took,
+        );
+        engine.close().expect("close");
+    }
+}
+
 fn main() {
     let full = full_run();
+    let writes = if full {
+        common::env_u64("PORTCULLIS_MEMORY_WRITES", 1_000_000)
+    } else {
+        400
+    };
+    write_table(writes, full);
     let entities = if full {
         common::env_u64("PORTCULLIS_MEMORY_ENTITIES", 200_000)
     } else {

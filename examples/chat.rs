@@ -4,13 +4,14 @@
 //! the same directory, answers at once (no room is restored yet), and a background warm
 //! restores the rooms while a reader touches one of them first. Records and states are the
 //! application's own serde types ([`portcullis::typed`]); rooms are registered on first write
-//! and checkpointed every 100 messages by the builder.
+//! and checkpointed every 100 messages by the builder. The machine refuses an empty message
+//! and a rename to the room's own title in `check`, before anything is written (SPEC R12).
 
 use std::time::Instant;
 
 use portcullis::store::SyncPolicy;
 use portcullis::typed::{Typed, TypedMachine};
-use portcullis::{ApplyContext, Engine, EntityId, Rejection, Result};
+use portcullis::{ApplyContext, Engine, EntityId, Error, Rejection, Result};
 use serde::{Deserialize, Serialize};
 
 /// One record of a room's history.
@@ -41,6 +42,21 @@ impl TypedMachine for Chat {
         }
     }
 
+    /// Refuses a command the room does not allow, before anything is written (SPEC R12): the
+    /// write answers `Error::Refused` and the room keeps serving.
+    fn check(&self, room: &Room, _: &ApplyContext<'_>, message: &Message) -> Result<(), Rejection> {
+        match message {
+            Message::Posted { text, .. } if text.is_empty() => {
+                Err(Rejection::new("an empty message"))
+            }
+            Message::Renamed { title } if *title == room.title => Err(Rejection::new(format!(
+                "the room is already called {title}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Folds a record that was written: it is history, so this never refuses it.
     fn apply(
         &self,
         room: &mut Room,
@@ -49,9 +65,6 @@ impl TypedMachine for Chat {
     ) -> Result<(), Rejection> {
         match message {
             Message::Posted { author, text } => {
-                if text.is_empty() {
-                    return Err(Rejection::new("an empty message"));
-                }
                 room.messages += 1;
                 room.last = Some((author, text));
             }
@@ -102,12 +115,21 @@ fn main() -> Result<()> {
             .into_iter()
             .try_for_each(|w| w.join().expect("a writer thread panicked"))
     })?;
-    engine.append_typed(
-        &room(0)?,
-        &[Message::Renamed {
-            title: "general".into(),
-        }],
-    )?;
+    let rename = |title: &str| Message::Renamed {
+        title: title.into(),
+    };
+    engine.append_typed(&room(0)?, &[rename("general")])?;
+    // Refused commands write nothing, and the room keeps serving.
+    let empty = Message::Posted {
+        author: "writer-0".into(),
+        text: String::new(),
+    };
+    for refused in [rename("general"), empty] {
+        match engine.append_typed(&room(0)?, &[refused]) {
+            Err(Error::Refused { reason, .. }) => println!("refused: {reason}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
     println!(
         "{} posts by {WRITERS} threads to {ROOMS} rooms in {:.1?}",
         WRITERS * POSTS_PER_WRITER,

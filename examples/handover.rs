@@ -3,27 +3,33 @@
 //! 127.0.0.1:2379` (it writes under a root of its own, `portcullis-handover/<unique>/`).
 //!
 //! Owner A serves a namespace of accounts from worker threads. Owner B, an engine over the same
-//! store, takes the namespace over: it bumps the epoch, runs revocation until `Complete`, and
-//! adopts the namespace. A's next writes are refused (`Fenced`), and A stops serving the
-//! namespace at once; B, which cannot tell a deposed owner from a dead one, repairs each account
-//! once. B hands the namespace back cleanly (it releases it; no repair follows). In a second
-//! round A dies while serving (it never closes, so it never releases the namespace), and B's
-//! take-over repairs every account exactly once (SPEC F11, R3).
+//! store, asks who serves the namespace (`Engine::owner_of`, what a router asks) and takes it
+//! over in one call (`Engine::take_over`: it bumps the epoch, runs revocation until `Complete`,
+//! and adopts the namespace). A is alive, so B must force it. A's next writes are refused
+//! (`Fenced`), and A stops serving the namespace at once; B, which cannot tell a deposed owner
+//! from a dead one, repairs each account once. B hands the namespace back cleanly (it releases
+//! it; no repair follows). In a second round A dies while serving (its process is gone: it never
+//! closes, never releases the namespace, and stops renewing its owner lease); once A's lease has
+//! expired, B's take-over needs no force and no operator, and repairs every account exactly
+//! once (SPEC F11, F12, R3).
 //!
 //! The two owners run in one process here, sharing one in-memory store, or each with its own
-//! client of one etcd (`--etcd`); every claim the example prints is checked. `tests/handover.rs`
-//! runs it both ways, and `tests/handover_etcd.rs` runs the owners as two OS processes.
+//! client of one etcd (`--etcd`), on one manual clock (so the example can let A's lease expire
+//! without waiting); every claim the example prints is checked. `tests/handover.rs` runs it both
+//! ways, and `tests/handover_etcd.rs` runs the owners as two OS processes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 
 use parking_lot::Mutex;
-use portcullis::engine::Engine;
-use portcullis::fence::{RevokeBudget, RevokeProgress};
+use portcullis::engine::{DEFAULT_OWNER_LEASE, Engine, TakeOver};
 use portcullis::restore::ApplyContext;
-use portcullis::store::{MemoryStore, Store};
-use portcullis::{EntityId, Error, Namespace, Rejection, Result, StateMachine};
+use portcullis::store::{
+    Batch, Cursor, KeyRange, MemoryStore, Outcome, Partition, ScanPage, Store, StoreLimits,
+    StoreStats,
+};
+use portcullis::{EntityId, Error, ManualClock, Namespace, Rejection, Result, StateMachine};
 
 /// Accounts in the namespace.
 pub const ACCOUNTS: usize = 8;
@@ -65,12 +71,12 @@ impl StateMachine for Ledger {
         Ok(())
     }
 
-    fn encode_checkpoint(&self, s: &Account) -> Vec<u8> {
+    fn encode_checkpoint(&self, s: &Account) -> Result<Vec<u8>, Rejection> {
         let mut out = s.deposits.to_le_bytes().to_vec();
         for r in &s.repairs {
             out.extend_from_slice(&r.to_le_bytes());
         }
-        out
+        Ok(out)
     }
 
     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<Account, Rejection> {
@@ -108,20 +114,109 @@ pub fn open(store: &Arc<dyn Store>, owner: &str) -> Result<Engine<Ledger>> {
         .open()
 }
 
-/// B takes the namespace over: bump, revoke until Complete, adopt. Returns the new grant.
+/// B takes the namespace over from a holder whose owner lease is live (A serving, or A just
+/// killed): `take_over` refuses that unless forced, so B forces it (bump, revoke until Complete,
+/// adopt). Returns the new grant.
 pub fn take_over(b: &Engine<Ledger>, ns: &Namespace) -> Result<u64> {
-    let next = b.current_epoch(ns)? + 1;
-    b.bump_epoch(ns, next)?;
-    let mut slices = 1;
-    while b.revoke_step(ns, RevokeBudget::default())? != RevokeProgress::Complete {
-        slices += 1;
-        assert!(
-            slices < 1_000,
-            "revocation must complete by pushing every lease"
-        );
+    let holder = b.owner_of(ns)?.expect("A holds the namespace");
+    println!(
+        "   B asks who serves {ns}: owner {:?} (incarnation {}) at epoch {}, live: {}",
+        holder.owner, holder.incarnation, holder.epoch, holder.live
+    );
+    assert!(holder.live, "A's lease is live");
+    let refused = b.take_over(ns, TakeOver::new());
+    assert!(
+        matches!(refused, Err(Error::OwnerLive { .. })),
+        "{refused:?}"
+    );
+    println!("   take_over refuses to take it from a live owner unless forced; B forces it");
+    let slices = b.fence().stats().slices;
+    let grant = b.take_over(ns, TakeOver::new().force(true))?;
+    println!(
+        "   B bumped {ns} to epoch {grant}, revoked to Complete in {} slice(s) and adopted it",
+        b.fence().stats().slices - slices
+    );
+    Ok(grant)
+}
+
+/// A store connection that dies with its process: after `die`, every call fails, so the
+/// engine behind it can neither write nor renew its owner lease (SPEC F12).
+pub struct Connection {
+    store: Arc<dyn Store>,
+    dead: AtomicBool,
+}
+
+impl Connection {
+    /// A connection to `store`.
+    pub fn to(store: Arc<dyn Store>) -> Arc<Connection> {
+        Arc::new(Connection {
+            store,
+            dead: AtomicBool::new(false),
+        })
     }
-    println!("   B bumps {ns} to epoch {next}; revocation is Complete after {slices} slice(s)");
-    b.own(ns)
+
+    /// The process died: every later call fails.
+    pub fn die(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+    }
+
+    fn alive(&self) -> Result<()> {
+        if self.dead.load(Ordering::SeqCst) {
+            return Err(Error::Unavailable {
+                reason: "the process behind this connection died".into(),
+                retry_after_ms: u64::MAX,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Store for Connection {
+    fn get(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.alive()?;
+        self.store.get(p, key)
+    }
+    fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.alive()?;
+        self.store.get_many(p, keys)
+    }
+    fn scan(
+        &self,
+        p: &Partition,
+        range: &KeyRange,
+        cursor: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<ScanPage> {
+        self.alive()?;
+        self.store.scan(p, range, cursor, limit)
+    }
+    fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {
+        self.alive()?;
+        self.store.apply(p, batch)
+    }
+    fn list_partitions(&self, prefix: &[u8]) -> Result<Vec<Partition>> {
+        self.alive()?;
+        self.store.list_partitions(prefix)
+    }
+    fn now_ms(&self) -> u64 {
+        self.store.now_ms()
+    }
+    fn limits(&self) -> StoreLimits {
+        self.store.limits()
+    }
+    fn evaluates_deadlines(&self) -> bool {
+        self.store.evaluates_deadlines()
+    }
+    fn exclusive_handle(&self) -> Option<u64> {
+        self.store.exclusive_handle()
+    }
+    fn stats(&self) -> StoreStats {
+        self.store.stats()
+    }
+    fn close(&self) -> Result<()> {
+        self.die();
+        Ok(())
+    }
 }
 
 /// A's workers: deposit round-robin until told to stop or refused. Returns the deposits each
@@ -171,15 +266,17 @@ fn serve(
 
 /// Runs both rounds on a fresh in-memory store, checking every claim.
 pub fn run() -> Result<()> {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    run_with(|| Ok(Arc::clone(&store)))
+    let clock = ManualClock::new(1_000_000);
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+    run_with(|| Ok(Arc::clone(&store)), &clock)
 }
 
 /// Runs both rounds with each owner on a store `connect` gives it (one shared store, or a
-/// client each of one etcd), checking every claim.
-pub fn run_with(connect: impl Fn() -> Result<Arc<dyn Store>>) -> Result<()> {
+/// client each of one etcd), all on `clock`, checking every claim.
+pub fn run_with(connect: impl Fn() -> Result<Arc<dyn Store>>, clock: &ManualClock) -> Result<()> {
     let ns = Namespace::new("bank")?;
-    let a = open(&connect()?, "owner-a")?;
+    let a_connection = Connection::to(connect()?);
+    let a = open(&(Arc::clone(&a_connection) as Arc<dyn Store>), "owner-a")?;
     let b = open(&connect()?, "owner-b")?;
     println!("1. Owner A serves {ns}; owner B shares the store");
     let grant = a.own(&ns)?;
@@ -260,12 +357,30 @@ pub fn run_with(connect: impl Fn() -> Result<Arc<dyn Store>>) -> Result<()> {
         stop.store(true, Ordering::SeqCst);
         worker_pool.join().expect("the workers panicked")
     });
-    // A crash: the workers stop at an arbitrary point and A vanishes without closing, which
-    // leaves the store exactly as a process killed mid-flight would: live leases, the
-    // namespace not released, the incarnation not ended cleanly. (Dropping the last handle
-    // would close A cleanly, so the model forgets it instead.)
+    // A crash: the workers stop at an arbitrary point and A's process is gone (its connection
+    // dies with it; dropping the last handle would close A cleanly, so the model forgets it),
+    // which leaves the store exactly as a process killed mid-flight would: live leases, the
+    // namespace not released, the incarnation not ended cleanly, the owner lease not renewed.
+    a_connection.die();
     std::mem::forget(a);
-    take_over(&b, &ns)?;
+    let holder = b.owner_of(&ns)?.expect("A still holds the namespace");
+    assert!(
+        holder.live
+            && matches!(
+                b.take_over(&ns, TakeOver::new()),
+                Err(Error::OwnerLive { .. })
+            )
+    );
+    println!("   A's owner lease is still live: take_over refuses, and B waits for it to expire");
+    clock.advance(DEFAULT_OWNER_LEASE.as_millis() as u64);
+    let holder = b.owner_of(&ns)?.expect("A still holds the namespace");
+    assert!(!holder.live);
+    println!(
+        "   A did not renew it: B finds A (incarnation {}) not live, and takes {ns} over \
+         without force or operator",
+        holder.incarnation
+    );
+    b.take_over(&ns, TakeOver::new())?;
     let owed = b.owed_repairs(&ns)?;
     assert_eq!(
         owed.len(),
@@ -313,12 +428,17 @@ pub fn run_on_etcd(endpoint: &str) -> Result<()> {
         .map_or(0, |d| d.as_nanos());
     let root = format!("portcullis-handover/{}-{unique}/", std::process::id());
     println!("(on etcd at {endpoint}, root {root})");
-    run_with(|| {
-        let store = portcullis::store::EtcdStore::builder(endpoint)
-            .prefix(root.clone())
-            .open()?;
-        Ok(Arc::new(store) as Arc<dyn Store>)
-    })
+    let clock = ManualClock::new(1_000_000);
+    run_with(
+        || {
+            let store = portcullis::store::EtcdStore::builder(endpoint)
+                .prefix(root.clone())
+                .clock(Arc::new(clock.clone()))
+                .open()?;
+            Ok(Arc::new(store) as Arc<dyn Store>)
+        },
+        &clock,
+    )
 }
 
 #[allow(dead_code)]

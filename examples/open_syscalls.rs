@@ -1,6 +1,6 @@
 //! What open does, to count under `strace`: builds stores shaped like the peers' data sets
 //! (`peers/`), and opens one in a fresh process followed by one point read. Lines `-- opened`
-//! and `-- read` on standard error mark the end of each phase in a trace (BENCHMARKS.md,
+//! and `-- read` on standard error mark the end of each phase in a trace (docs/benchmarks-history.md,
 //! "Open's system calls").
 //!
 //! Run:

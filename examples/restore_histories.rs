@@ -11,8 +11,8 @@
 //! perf record -g target/release/examples/restore_histories warm DIR RUNS
 //! ```
 //!
-//! `warm` opens the engine (default options; `POOL_THREADS` and `WARM_PARALLELISM` override
-//! two), warms every entity to completion and closes it `RUNS` times, printing each run's wall
+//! `warm` opens the engine (default options; `POOL_THREADS`, `WARM_PARALLELISM` and
+//! `BACKGROUND_WARM` (0 or 1) override three), warms every entity to completion and closes it `RUNS` times, printing each run's wall
 //! and CPU times and their medians; with `cold` it drops the page cache before each open
 //! (root only). The same directory can be read
 //! with `read_histories read DIR ENTITIES RECORDS RUNS` (same partition names).
@@ -55,8 +55,8 @@ impl StateMachine for Histories {
         Ok(())
     }
 
-    fn encode_checkpoint(&self, s: &[u64; 2]) -> Vec<u8> {
-        [s[0].to_le_bytes(), s[1].to_le_bytes()].concat()
+    fn encode_checkpoint(&self, s: &[u64; 2]) -> Result<Vec<u8>, Rejection> {
+        Ok([s[0].to_le_bytes(), s[1].to_le_bytes()].concat())
     }
 
     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<[u64; 2], Rejection> {
@@ -132,6 +132,9 @@ fn warm(dir: &str) -> R<(f64, f64)> {
     }
     if let Some(n) = var("WARM_PARALLELISM") {
         builder = builder.warm_parallelism(n);
+    }
+    if let Some(n) = var("BACKGROUND_WARM") {
+        builder = builder.background_warm(n != 0);
     }
     let engine = builder.open()?;
     let opened = started.elapsed();

@@ -3,8 +3,8 @@
 //! `examples/chat.rs` and the `portcullis-inspect` tool.
 //!
 //! It builds a store with history, opens an engine over it at once, restores one entity on
-//! its first touch, warms the rest in the background, fences a stale writer after an epoch
-//! bump, kills a process in the middle of its writes and shows the unclean-restart repair
+//! its first touch, warms the rest in the background, fences a stale writer when a second
+//! engine takes its namespace over, kills a process in the middle of its writes and shows the unclean-restart repair
 //! applied exactly once, and closes. Every number it prints is measured, and every claim it
 //! makes is checked: the tour panics rather than tell a story that did not happen.
 //!
@@ -20,8 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use portcullis::engine::Engine;
-use portcullis::fence::{RevokeBudget, RevokeProgress};
+use portcullis::engine::{Engine, TakeOver};
 use portcullis::restore::{ApplyContext, Metrics, UnitReport};
 use portcullis::store::{Batch, FileStore, OpenReport, Outcome, Store, SyncPolicy};
 use portcullis::{EntityId, Error, Rejection, Result, StateMachine};
@@ -156,8 +155,9 @@ impl StateMachine for ChatRooms {
         Ok(())
     }
 
-    fn encode_checkpoint(&self, room: &Room) -> Vec<u8> {
-        postcard::to_stdvec(room).expect("a room always encodes")
+    fn encode_checkpoint(&self, room: &Room) -> Result<Vec<u8>, Rejection> {
+        postcard::to_stdvec(room)
+            .map_err(|e| Rejection::new(format!("a room that does not encode: {e}")))
     }
 
     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Refusable<Room> {
@@ -437,7 +437,7 @@ fn warm_the_rest(opened: &Opened, scale: Scale) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 5. Epoch fencing (SPEC F1-F7).
+// 5. Epoch fencing and a take-over (SPEC F1-F7, F12).
 
 fn fence_a_stale_writer(opened: &Opened) -> Result<()> {
     println!("\n5. Fence a stale writer");
@@ -457,25 +457,50 @@ fn fence_a_stale_writer(opened: &Opened) -> Result<()> {
         seqs.start()
     );
 
-    let newer = grant + 1;
-    engine.bump_epoch(ns, newer)?;
-    // Revocation pushes the new epoch to every live lease; only then is it Complete (F5, F7).
-    let fence_before = engine.fence().stats();
-    let started = Instant::now();
-    let mut slices = 1;
-    while engine.revoke_step(ns, RevokeBudget::default())? != RevokeProgress::Complete {
-        slices += 1;
-        assert!(
-            slices < 100,
-            "one live lease takes a slice or two to revoke"
-        );
-    }
-    let took = started.elapsed();
-    let fence = engine.fence().stats();
+    // A second engine over the same store, with an owner id of its own: a standby that takes
+    // the namespace over (SPEC F12). A router would ask any engine who serves a namespace.
+    let standby = Engine::builder(ChatRooms)
+        .store(Arc::clone(&opened.store) as Arc<dyn Store>)
+        .owner("standby")
+        .adopt_on_first_use(false)
+        .pool_threads(1)
+        .open()?;
+    let holder = standby
+        .owner_of(ns)?
+        .expect("the engine adopted the namespace");
     println!(
-        "   bump {} to epoch {newer}; revocation is Complete after {}, {} and {}, in {took:.1?}",
+        "   a standby engine asks who serves {}: owner {:?}, incarnation {}, epoch {}, live: {}",
         ns.as_str(),
-        plural(slices, "slice", "slices"),
+        holder.owner,
+        holder.incarnation,
+        holder.epoch,
+        holder.live
+    );
+    assert!(holder.serves() && holder.owner == engine.owner());
+    let refused = standby
+        .take_over(ns, TakeOver::new())
+        .expect_err("a live owner is not taken for a crash");
+    assert!(matches!(refused, Error::OwnerLive { .. }));
+    println!("   it may not take the namespace from a live owner unless it forces it:");
+    println!("     code {}: {refused}", refused.code());
+
+    // Forced: one call bumps the epoch, revokes until Complete (every live lease pushed the
+    // new epoch, F5, F7) and adopts the namespace on that proof.
+    let fence_before = standby.fence().stats();
+    let started = Instant::now();
+    let newer = standby.take_over(ns, TakeOver::new().force(true))?;
+    let took = started.elapsed();
+    let fence = standby.fence().stats();
+    println!(
+        "   forced, take_over bumps {} to epoch {newer}, revokes to Complete ({} in {}, {} and \
+         {}) and adopts it, in {took:.1?}",
+        ns.as_str(),
+        plural(fence.slices - fence_before.slices, "slice", "slices"),
+        plural(
+            fence.store_calls - fence_before.store_calls,
+            "store call",
+            "store calls"
+        ),
         plural(fence.pushes - fence_before.pushes, "push", "pushes"),
         plural(
             fence.acks - fence_before.acks,
@@ -483,23 +508,32 @@ fn fence_a_stale_writer(opened: &Opened) -> Result<()> {
             "acknowledgements"
         ),
     );
+    assert!(
+        fence.pushes > fence_before.pushes,
+        "the live lease was pushed"
+    );
 
     let refused = engine
         .append(&target, vec![message("still under the old grant")])
         .expect_err("a write under an older epoch must not commit after Complete");
-    println!("   the engine, still holding grant {grant}, writes again and is refused:");
+    println!("   the first engine, still holding grant {grant}, writes again and is refused:");
     println!("     code {}: {refused}", refused.code());
     assert!(matches!(refused, Error::Fenced { .. }));
     // Deposed: it stops serving the namespace at once, answering from memory.
     let again = engine.read(&target, |_| ()).unwrap_err();
     assert!(matches!(again, Error::Fenced { .. }));
     println!("   from now on it answers Fenced without asking the store, until it adopts again");
+
+    // The standby hands the namespace back cleanly: it releases it, the first engine adopts it.
+    standby.release_namespace(ns)?;
     let adopted = engine.own(ns)?;
     let seqs = engine.append(&target, vec![message("written under the new grant")])?;
     println!(
-        "   adopted again under grant {adopted}: committed at seq {}",
+        "   the standby releases it; the first engine adopts it again under grant {adopted}: \
+         committed at seq {}",
         seqs.start()
     );
+    standby.close()?;
     println!("   (two engines handing a namespace over: cargo run --example handover)");
     Ok(())
 }

@@ -153,6 +153,53 @@ pub enum Error {
         /// Why, and what to do.
         detail: String,
     },
+
+    /// The store has used up numbers its on-disk format bounds over the store's whole life:
+    /// today only the journal's segment numbers (a location holds 24 bits of one), which never
+    /// go back, even when compaction deletes segments. The write was refused and nothing was
+    /// changed; reads keep working. `detail` says what to do.
+    #[error("{what} are used up: {detail}; nothing was changed and reads still work")]
+    Exhausted {
+        /// What was used up.
+        what: String,
+        /// How far it went, and what to do.
+        detail: String,
+    },
+
+    /// The state machine refused (SPEC R12): its [`check`](crate::StateMachine::check)
+    /// refused a record of a write against the entity's current state, the decision of
+    /// [`Engine::try_write`](crate::Engine::try_write) refused the command, or
+    /// [`encode_checkpoint`](crate::StateMachine::encode_checkpoint) refused the state of a
+    /// checkpoint (SPEC L3). Nothing was written, and the entity keeps serving: this is an
+    /// answer to the call, not damage (compare [`Error::Contained`]).
+    #[error(
+        "{entity}: the state machine refused: {reason}; nothing was written and {entity} keeps serving (change the command, or the state machine; not the store)"
+    )]
+    Refused {
+        /// The entity.
+        entity: String,
+        /// The state machine's reason, and which record it refused.
+        reason: String,
+    },
+
+    /// Another incarnation of an owner is live (SPEC F12): it renews a lease on its owner row,
+    /// so it must not be taken for a crash. Answered when an engine opens with the owner id of
+    /// a live engine, when [`Engine::take_over`](crate::Engine::take_over) (without `force`)
+    /// meets a live holder, and by an engine that another incarnation of its own owner id has
+    /// replaced (its lease had lapsed). Nothing was changed.
+    #[error(
+        "owner {owner:?} incarnation {incarnation} is live (its lease runs for another {expires_in_ms} ms): {detail}"
+    )]
+    OwnerLive {
+        /// The owner id.
+        owner: String,
+        /// The live incarnation.
+        incarnation: u64,
+        /// How long its lease runs from now, on the caller's clock (0 if not known).
+        expires_in_ms: u64,
+        /// What to do.
+        detail: String,
+    },
 }
 
 /// The message of [`Error::TooLarge`]: bytes, or a count for "operations ..." and
@@ -188,6 +235,9 @@ impl Error {
             Error::WouldDeadlock { .. } => 13,
             Error::OutcomeUnknown { .. } => 14,
             Error::NotServed { .. } => 15,
+            Error::Exhausted { .. } => 16,
+            Error::Refused { .. } => 17,
+            Error::OwnerLive { .. } => 18,
         }
     }
 
@@ -256,6 +306,20 @@ mod tests {
             },
             Error::NotServed {
                 namespace: "n".into(),
+                detail: "d".into(),
+            },
+            Error::Exhausted {
+                what: "w".into(),
+                detail: "d".into(),
+            },
+            Error::Refused {
+                entity: "e".into(),
+                reason: "r".into(),
+            },
+            Error::OwnerLive {
+                owner: "o".into(),
+                incarnation: 1,
+                expires_in_ms: 1,
                 detail: "d".into(),
             },
         ];

@@ -32,8 +32,11 @@ pub mod error;
 pub mod fence;
 pub mod inspect;
 pub mod log;
+pub mod observe;
 pub mod restore;
+pub mod spawn;
 pub mod store;
+pub(crate) mod sync;
 pub mod typed;
 
 pub use clock::{Clock, ManualClock, SharedClock, SystemClock};
@@ -41,6 +44,7 @@ pub use engine::{Engine, EngineBuilder};
 pub use entity::{EntityId, Namespace};
 pub use error::{Error, Result};
 pub use restore::{ApplyContext, Origin, Rejection, StateMachine, Warm};
+pub use spawn::{Joiner, Spawner};
 pub use store::SyncPolicy;
 pub use typed::{Typed, TypedMachine};
 

@@ -233,9 +233,9 @@ fn a_future_format_version_is_refused() {
         let is_segment = matches!(target, Target::FirstSegment | Target::NewestSegment);
         damage(&fs, &path, |b| {
             if is_segment {
-                layout::set_segment_version(b, 3);
+                layout::set_segment_version(b, 4);
             } else {
-                layout::set_envelope_version(b, 3);
+                layout::set_envelope_version(b, 4);
             }
         });
         let before: Vec<_> = segs.iter().map(|s| fs.read_file(s)).collect();
@@ -255,8 +255,8 @@ fn a_future_format_version_is_refused() {
         match opened {
             Err(Error::UnsupportedVersion {
                 file,
-                found: 3,
-                supported: 2,
+                found: 4,
+                supported: 3,
             }) => {
                 let name = path.file_name().unwrap().to_string_lossy().into_owned();
                 assert!(file.contains(&name), "the error names {file}, not {name}");

@@ -135,17 +135,29 @@ fn r4_panic_in_apply() {
     assert!(message.contains("poisonous"), "{message}");
 }
 
+/// A checkpoint that does not decode, over history truncated up to it: nothing is left to
+/// replay instead (with the history stored, restore falls back to it, SPEC E7:
+/// `engine_restore::e7_a_checkpoint_that_does_not_decode_falls_back_to_the_whole_history`).
 #[test]
 fn r4_checkpoint_that_does_not_decode() {
     let store = seeded();
     let p = entity(1).partition();
     let head = log::read_head(&*store, &p).unwrap();
-    log::write_checkpoint(&*store, &p, &head, 2, b"junk".to_vec(), Batch::new())
+    let head = log::write_checkpoint(&*store, &p, &head, 2, b"junk".to_vec(), Batch::new())
+        .unwrap()
+        .committed()
+        .unwrap();
+    log::truncate_before(&*store, &p, &head, 3)
         .unwrap()
         .committed()
         .unwrap();
     let (machine, engine) = open(&store);
-    assert_contained(&engine, &machine, ReasonKind::Decode);
+    let message = assert_contained(&engine, &machine, ReasonKind::Decode);
+    assert!(
+        message.contains("checkpoint at 2 does not decode")
+            && message.contains("truncated (records from 3 on are kept)"),
+        "{message}"
+    );
 }
 
 #[test]

@@ -47,8 +47,8 @@ impl StateMachine for Journal {
         Ok(())
     }
 
-    fn encode_checkpoint(&self, s: &Vec<String>) -> Vec<u8> {
-        s.join("\n").into_bytes()
+    fn encode_checkpoint(&self, s: &Vec<String>) -> Result<Vec<u8>, Rejection> {
+        Ok(s.join("\n").into_bytes())
     }
 
     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<Vec<String>, Rejection> {
@@ -184,14 +184,16 @@ fn round(dir: &Path, kill_after: u64, acked: &mut HashMap<usize, Vec<String>>) -
 }
 
 /// Checks the reopened engine against every acknowledgement so far. Returns the engine's
-/// incarnation; the engine ends without a clean close (it is forgotten, since dropping it
-/// would close it cleanly, and its store is closed directly), so the next child repairs too.
+/// incarnation; the engine ends without a clean close (it crashes, its owner lease lapsing as
+/// if its time had passed, and is forgotten, since dropping it would close it cleanly; its
+/// store is closed directly), so the next child repairs too.
 fn check(dir: &Path, acked: &HashMap<usize, Vec<String>>, what: &str) -> u64 {
     let (builder, store) = builder_over(dir);
     let engine = builder
         .open()
         .unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
     let incarnation = check_engine(&engine, acked, what);
+    engine.crash_for_test();
     std::mem::forget(engine);
     store.close().unwrap();
     incarnation

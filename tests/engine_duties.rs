@@ -210,3 +210,58 @@ fn r6_the_warm_restores_an_entity_in_four_store_calls() {
         assert_eq!(payloads(&engine, &entity(i)).unwrap(), recs(&["a", "b"]));
     }
 }
+
+/// A metrics hook that defers a record to each entity it sees restored, once.
+#[derive(Default)]
+struct DefersWhenRestored {
+    engine: std::sync::OnceLock<common::engine::TestEngine>,
+    done: Mutex<Vec<portcullis::EntityId>>,
+}
+
+impl portcullis::restore::Metrics for DefersWhenRestored {
+    fn entity_restored(&self, entity: &portcullis::EntityId, _: &portcullis::restore::UnitReport) {
+        let mut done = self.done.lock();
+        if done.contains(entity) {
+            return;
+        }
+        done.push(entity.clone());
+        drop(done);
+        let engine = self.engine.get().expect("set after open");
+        let deferred = engine.defer(entity, b"late".to_vec());
+        assert_eq!(deferred.unwrap(), Deferred::Queued);
+    }
+}
+
+fn restore_whose_hook_defers(switches: portcullis::engine::OwnerSwitches) -> Vec<Vec<u8>> {
+    let store = common::engine::closed_with(1, &["one"]);
+    let machine = Arc::new(TestMachine::default());
+    let hook = Arc::new(DefersWhenRestored::default());
+    let engine = builder(&machine, &store)
+        .metrics(Arc::clone(&hook) as Arc<dyn portcullis::restore::Metrics>)
+        .owner_switches_for_test(switches)
+        .open()
+        .unwrap();
+    hook.engine.set(engine.clone()).ok().unwrap();
+    payloads(&engine, &entity(0)).unwrap()
+}
+
+/// R3, R8: work deferred to an entity from inside its own restore unit after the unit's last
+/// drain (here by the `entity_restored` hook, which runs inside the unit) is drained before the
+/// entity is served. Before, the unit drained again only after a repair, and the row waited for
+/// the entity's next restore.
+#[test]
+fn r3_r8_work_deferred_after_the_last_drain_is_drained_before_the_entity_is_served() {
+    let served = restore_whose_hook_defers(Default::default());
+    assert_eq!(served, recs(&["one", "late"]));
+}
+
+/// The negative control: draining again only after a repair
+/// (`OwnerSwitches::late_deferrals_undrained`, as before) serves the entity without it.
+#[test]
+fn r3_r8_negative_control_late_deferrals_left_undrained() {
+    let switches = portcullis::engine::OwnerSwitches {
+        late_deferrals_undrained: true,
+        ..Default::default()
+    };
+    assert_eq!(restore_whose_hook_defers(switches), recs(&["one"]));
+}

@@ -77,3 +77,24 @@ fn f11_on_etcd_a_take_over_fences_the_old_owner_and_repairs_each_entity_once() {
     );
     b.close().unwrap();
 }
+
+#[test]
+fn s12_an_engine_on_etcd_points_to_etcds_own_snapshot_for_a_backup() {
+    let server = EtcdServer::start();
+    let machine = Arc::new(TestMachine::default());
+    let engine = owner(&server, &machine, "a");
+    let dir = tempfile::tempdir().unwrap();
+    match engine.backup(dir.path().join("backup")) {
+        Err(Error::InvalidArgument(why)) => {
+            for says in [
+                "etcdctl snapshot save",
+                "docs/etcd.md",
+                "mark_lease_table_recovered",
+            ] {
+                assert!(why.contains(says), "{why}");
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!dir.path().join("backup").exists());
+}

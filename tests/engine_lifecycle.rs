@@ -150,3 +150,79 @@ fn r11_close_stops_the_revocation_driver_which_runs_on_the_engines_pool() {
         "slices ran on {names:?}"
     );
 }
+
+/// Closes an engine that owes its namespace a repair for 20 entities, each restored (and so
+/// repaired) and then passivated (its slot gone, so only its repair row tells), over a store
+/// whose every repair-row read takes 100 ms (a slow store), with a close timeout of 50 ms;
+/// answers how many repair rows the close read and the repairs owed afterwards.
+fn close_owing_repairs(switches: portcullis::engine::OwnerSwitches) -> (usize, Vec<u64>) {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let entities: Vec<EntityId> = (0..20).map(entity).collect();
+    common::engine::crashed_with(&machine, &store, &entities, &["a"]);
+    let engine = builder(&machine, &store)
+        .close_timeout(Duration::from_millis(50))
+        .owner_switches_for_test(switches)
+        .open()
+        .unwrap();
+    let ns = common::engine::ns();
+    engine.own(&ns).unwrap();
+    assert_eq!(engine.owed_repairs(&ns).unwrap().len(), 1);
+    for e in &entities {
+        payloads(&engine, e).unwrap();
+        assert!(engine.passivate(e).unwrap());
+    }
+    assert_eq!(engine.stats().passivation.slots, 0);
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let reads = Arc::clone(&reads);
+        let (never, slow) = channel::bounded::<()>(1);
+        store.set_before_get(move |_, key| {
+            let _kept = &never; // never sends, never hangs up
+            if key == b"\0repair" {
+                reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                // A slow store: the read takes 100 ms (nobody ever sends).
+                let _ = slow.recv_timeout(Duration::from_millis(100));
+            }
+        });
+    }
+    engine.close().unwrap();
+    store.clear_hooks();
+    let reads = reads.load(std::sync::atomic::Ordering::SeqCst);
+    let next = builder(&machine, &store).open().unwrap();
+    let owed = next.owed_repairs(&ns).unwrap();
+    next.close().unwrap();
+    (reads, owed)
+}
+
+/// R11, F11: close is bounded when repairs are owed: telling whether every entity of a
+/// namespace had its owed repairs reads their repair rows one at a time only until the close
+/// deadline, then keeps the repairs owed for the next holder. Before, close read every row
+/// whatever the deadline (here 20 reads of 100 ms past a 50 ms bound).
+#[test]
+fn r11_close_is_bounded_when_repairs_are_owed() {
+    let (reads, owed) = within("a close owing repairs", || {
+        close_owing_repairs(Default::default())
+    });
+    assert!(
+        reads <= 1,
+        "{reads} repair rows read past the close deadline"
+    );
+    assert_eq!(owed.len(), 1, "unsure, the repairs stay owed: {owed:?}");
+}
+
+/// The negative control: with the check unbounded (`OwnerSwitches::unbounded_repair_check`),
+/// close reads every row.
+#[test]
+fn r11_negative_control_an_unbounded_repair_check_reads_every_row() {
+    let switches = portcullis::engine::OwnerSwitches {
+        unbounded_repair_check: true,
+        ..Default::default()
+    };
+    let (reads, owed) = close_owing_repairs(switches);
+    assert_eq!(reads, 20);
+    assert!(
+        owed.is_empty(),
+        "every row was read: all repaired, {owed:?}"
+    );
+}

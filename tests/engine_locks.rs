@@ -15,6 +15,7 @@ use common::engine::{
 };
 use crossbeam::channel;
 use parking_lot::Mutex;
+use portcullis::engine::OwnerSwitches;
 use portcullis::restore::{Containment, Metrics};
 use portcullis::{EntityId, Error};
 
@@ -339,4 +340,188 @@ fn r11_warm_wait_from_inside_a_unit_or_closure_is_refused_not_deadlocked() {
     };
     assert!(from_closure.contains("WouldDeadlock"), "{from_closure}");
     engine.close().unwrap();
+}
+
+/// A `deferred` hook that reads the entity it reports on, and what the read saw.
+#[derive(Default)]
+struct ReadsDeferred {
+    engine: OnceLock<TestEngine>,
+    seen: Mutex<Vec<String>>,
+}
+
+impl Metrics for ReadsDeferred {
+    fn deferred(&self, entity: &EntityId, _: usize) {
+        let engine = self.engine.get().expect("set after open");
+        let folded = engine.read(entity, |s| s.records.len());
+        self.seen.lock().push(format!("{entity}: {folded:?}"));
+    }
+}
+
+fn deferral_whose_hook_reads(switches: OwnerSwitches) -> (TestEngine, Arc<ReadsDeferred>) {
+    let store = seeded(1);
+    let machine = Arc::new(TestMachine::default());
+    let hook = Arc::new(ReadsDeferred::default());
+    let engine = builder(&machine, &store)
+        .metrics(Arc::clone(&hook) as Arc<dyn Metrics>)
+        .owner_switches_for_test(switches)
+        .open()
+        .unwrap();
+    hook.engine.set(engine.clone()).ok().unwrap();
+    (engine, hook)
+}
+
+/// R11, R8: the `deferred` hook runs once the deferral's row is written and the entity's gate
+/// no longer counts it, so a hook that reads that very entity restores it (the deferred record
+/// folded) instead of waiting for its own deferral for ever.
+#[test]
+fn r11_a_deferred_hook_may_read_the_entity_it_reports_on() {
+    let (engine, hook) = deferral_whose_hook_reads(OwnerSwitches::default());
+    let deferred = {
+        let engine = engine.clone();
+        within("a deferral whose hook reads the same entity", move || {
+            engine.defer(&entity(0), b"d".to_vec())
+        })
+    };
+    assert_eq!(deferred.unwrap(), portcullis::engine::Deferred::Queued);
+    assert_eq!(*hook.seen.lock(), vec![format!("{}: Ok(2)", entity(0))]);
+    assert_eq!(payloads(&engine, &entity(0)).unwrap(), recs(&["r", "d"]));
+    engine.close().unwrap();
+}
+
+/// The negative control of the test above: with the hook run while the deferral still counts
+/// in the gate (`OwnerSwitches::deferred_hook_under_gate`), the hook's read parks on the gate
+/// that its own thread holds open: a deadlock (seen as a waiter that never leaves).
+#[test]
+fn r11_negative_control_a_deferred_hook_under_the_gate_deadlocks() {
+    let switches = OwnerSwitches {
+        deferred_hook_under_gate: true,
+        ..OwnerSwitches::default()
+    };
+    let (engine, hook) = deferral_whose_hook_reads(switches);
+    let stuck = engine.clone();
+    std::thread::spawn(move || stuck.defer(&entity(0), b"d".to_vec()));
+    common::engine::until(|| engine.stats().phases.waiting == 1);
+    assert!(hook.seen.lock().is_empty(), "the hook's read never returns");
+    // The parked thread waits for itself for ever: the engine is leaked with it.
+    std::mem::forget(engine);
+}
+
+/// What a state's destructor runs, if anything.
+type OnDrop = Arc<Mutex<Option<Arc<dyn Fn() + Send + Sync>>>>;
+
+/// A state whose destructor runs a hook (application code calling back into the engine).
+struct Noisy {
+    on_drop: OnDrop,
+}
+
+struct NoisyState {
+    on_drop: OnDrop,
+}
+
+impl Drop for NoisyState {
+    fn drop(&mut self) {
+        let hook = self.on_drop.lock().clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+}
+
+impl portcullis::StateMachine for Noisy {
+    type State = NoisyState;
+    fn fresh(&self, _: &EntityId) -> NoisyState {
+        NoisyState {
+            on_drop: Arc::clone(&self.on_drop),
+        }
+    }
+    fn apply(
+        &self,
+        _: &mut NoisyState,
+        _: &portcullis::ApplyContext<'_>,
+        record: &[u8],
+    ) -> Result<(), portcullis::Rejection> {
+        if record == b"!refuse" {
+            return Err(portcullis::Rejection::new("refused"));
+        }
+        Ok(())
+    }
+    fn encode_checkpoint(&self, _: &NoisyState) -> Result<Vec<u8>, portcullis::Rejection> {
+        Ok(Vec::new())
+    }
+    fn decode_checkpoint(
+        &self,
+        _: &EntityId,
+        _: &[u8],
+    ) -> Result<NoisyState, portcullis::Rejection> {
+        Ok(self.fresh(&entity(0)))
+    }
+}
+
+/// Releases a contained entity whose state's destructor asks the engine for that entity's
+/// containment; answers what the destructor saw, or `None` if the release deadlocked.
+fn release_with_a_noisy_destructor(switches: OwnerSwitches) -> Option<Vec<String>> {
+    let on_drop: OnDrop = Arc::default();
+    let store = TestStore::new();
+    let engine = portcullis::Engine::builder(Noisy {
+        on_drop: Arc::clone(&on_drop),
+    })
+    .store(store as Arc<dyn portcullis::store::Store>)
+    .background_warm(false)
+    .owner_switches_for_test(switches)
+    .open()
+    .unwrap();
+    let e = entity(0);
+    engine.register(&e).unwrap();
+    let err = engine.append(&e, recs(&["!refuse"])).unwrap_err();
+    assert!(matches!(err, Error::Contained { .. }), "{err}");
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    {
+        let (engine, seen, e) = (engine.clone(), Arc::clone(&seen), e.clone());
+        *on_drop.lock() = Some(Arc::new(move || {
+            let contained = engine.containment(&e).map(|c| c.is_some());
+            seen.lock().push(format!("{contained:?}"));
+        }));
+    }
+    let (tx, rx) = channel::bounded(1);
+    {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(engine.release(&e));
+        });
+    }
+    match rx.recv_timeout(Duration::from_secs(3)) {
+        Ok(released) => {
+            assert!(released.unwrap());
+            *on_drop.lock() = None;
+            let seen = seen.lock().clone();
+            engine.close().unwrap();
+            Some(seen)
+        }
+        Err(_) => {
+            std::mem::forget(engine); // deadlocked: its threads keep it
+            None
+        }
+    }
+}
+
+/// R11: `release` drops a contained entity's state with no internal lock held: its destructor
+/// is application code and may call back into the engine (here for the same entity's
+/// containment, which it finds released). Before, it ran under the entity's state lock and gate,
+/// and that call deadlocked.
+#[test]
+fn r11_release_runs_the_state_destructor_with_no_lock_held() {
+    let seen = release_with_a_noisy_destructor(OwnerSwitches::default())
+        .expect("the release deadlocked in the state's destructor");
+    assert_eq!(seen, vec!["Ok(false)".to_owned()]);
+}
+
+/// The negative control: with the destructor run under the locks
+/// (`OwnerSwitches::drop_state_under_locks`), the release deadlocks.
+#[test]
+fn r11_negative_control_a_destructor_under_the_locks_deadlocks_the_release() {
+    let switches = OwnerSwitches {
+        drop_state_under_locks: true,
+        ..OwnerSwitches::default()
+    };
+    assert!(release_with_a_noisy_destructor(switches).is_none());
 }

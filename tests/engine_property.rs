@@ -2,8 +2,10 @@
 //! over one shared store, 64 entities over four namespaces, random steps (touch, read, write,
 //! defer, checkpoint with and without truncation, bump, small revocation slices, renewal,
 //! sweep, clock advances, per-owner clock skew below the margin, declared recovery, the
-//! authority fence, crash-and-reopen of one owner, release and adoption, interleavings at the
-//! fence's hook points). Checked after every step (see `tests/common/world.rs`):
+//! authority fence, crash-and-reopen of one owner once its owner lease expired, release and
+//! adoption, take-overs by hand and in one call, warms and folds, interleavings at the fence's
+//! hook points). Every owner adopts on first use, and bystanders touch, warm and fold in the
+//! middle of other owners' take-overs. Checked after every step (see `tests/common/world.rs`):
 //!
 //! - no write planned under a grant below n commits once a slice reported `Complete` for n,
 //!   whoever made it (the application or the engine), on both fences, and no lease is still
@@ -12,7 +14,13 @@
 //! - every accepted deferred record is applied exactly once (at most once after every step,
 //!   exactly once when the case ends and every namespace is read by its owner);
 //! - a serving owner's state of an entity equals the fold of its committed log;
-//! - nothing is contained, and no step fails for want of a lease unless an interleaving moved it.
+//! - nothing is contained, and no step fails for want of a lease unless an interleaving moved it;
+//! - a namespace held moves to another owner only at an epoch whose revocation completed: a
+//!   slice answered `Complete` for it, or, just before an explicit adoption, the coordinator
+//!   held the proof of completion that adoption reads (docs/fencing.md: the checkpoint `Done`
+//!   at the epoch, no recovery hold-off pending), checked like a slice's `Complete`;
+//! - at most one owner serves a namespace at its current epoch, the one its owner row names, and
+//!   a warm or fold never refuses or fails on another owner's namespace (SPEC F12).
 //!
 //! Steps come from a seeded generator; a failure prints the seed and the step list, and
 //! `ENGINE_PROPERTY_SEED=<seed>` replays that case. The negative controls remove one guard
@@ -22,8 +30,10 @@ mod common;
 
 use std::sync::Arc;
 
+use common::generate::step;
 use common::rng::Rng;
 use common::world::{Shape, Step, World, namespace};
+use portcullis::engine::OwnerSwitches;
 use portcullis::fence::{GuardSwitches, HookPoint};
 use portcullis::store::{FileStore, MemoryStore, Store, SyncPolicy};
 use portcullis::{ManualClock, SharedClock};
@@ -38,189 +48,21 @@ const SHAPE: Shape = Shape {
     entities: 64,
 };
 
-/// Per-owner skew stays within half the margin, so any two clocks differ by less than the
-/// margin (the assumption SPEC F states).
-const MAX_SKEW_MS: i64 = 2_499;
-
-/// The points an interleaving may pause an owner at.
-const POINTS: [HookPoint; 8] = [
-    HookPoint::WriteBeforeApply,
-    HookPoint::RenewalBeforeRow,
-    HookPoint::RenewalAfterRow,
-    HookPoint::PushBeforeLeaseRead,
-    HookPoint::PushBeforeLeaseWrite,
-    HookPoint::PushBeforeAck,
-    HookPoint::SliceBeforeCheckpoint,
-    HookPoint::SweepBeforeDelete,
-];
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Backend {
     Memory,
     File,
 }
 
-fn pick<T: Copy>(rng: &mut Rng, items: &[T]) -> T {
-    items[rng.below(items.len() as u64) as usize]
-}
-
-/// An owner for a step on entity `e`: mostly one that serves its namespace.
-fn owner_for(world: &World, rng: &mut Rng, e: usize) -> usize {
-    let ns = namespace(e % SHAPE.namespaces);
-    let serving: Vec<usize> = (0..SHAPE.owners)
-        .filter(|&o| world.owner(o).engine.grant(&ns).is_some())
-        .collect();
-    if !serving.is_empty() && rng.below(4) != 0 {
-        return pick(rng, &serving);
-    }
-    rng.below(SHAPE.owners as u64) as usize
-}
-
-fn advance(rng: &mut Rng) -> Step {
-    let ms = match rng.below(10) {
-        0..=5 => rng.below(3_000),
-        6..=8 => 3_000 + rng.below(12_000),
-        _ => 35_001, // past a whole lease and its margin
-    };
-    Step::Advance { ms }
-}
-
-/// A step of one owner on one entity (what an interleaving pauses).
-fn entity_step(world: &World, rng: &mut Rng, e: usize) -> Step {
-    let o = owner_for(world, rng, e);
-    match rng.below(7) {
-        0 | 1 => Step::Write { o, e },
-        2 => Step::Defer { o, e },
-        3 => Step::Checkpoint { o, e },
-        4 => Step::Renew { o, e },
-        5 => Step::AuthWrite {
-            o,
-            e,
-            refresh: rng.below(2) == 0,
-        },
-        _ => Step::Touch { o, e },
-    }
-}
-
-fn step(world: &World, rng: &mut Rng, nested_for: Option<usize>) -> Step {
-    let e = rng.below(SHAPE.entities as u64) as usize;
-    let ns = e % SHAPE.namespaces;
-    let mut o = rng.below(SHAPE.owners as u64) as usize;
-    if let Some(busy) = nested_for
-        && o == busy
-    {
-        o = (o + 1) % SHAPE.owners;
-    }
-    let pages = 1 + rng.below(3) as usize;
-    let pushes = 1 + rng.below(2) as usize;
-    let roll = rng.below(100);
-    if nested_for.is_some() {
-        // Other owners' steps, run while the paused owner waits.
-        return match roll {
-            0..=19 => Step::Revoke {
-                o,
-                ns,
-                pages,
-                pushes,
-            },
-            20..=34 => Step::TakeOver { o, ns },
-            35..=44 => Step::Bump { o, ns },
-            45..=59 => advance(rng),
-            60..=69 => Step::Write { o, e },
-            70..=79 => Step::FenceWrite { o, e },
-            80..=84 => Step::Sweep { o, ns },
-            85..=89 => Step::AuthRevoke { o, ns },
-            90..=94 => Step::AuthBump { o, ns },
-            _ => Step::MarkRecovered { o, ns },
-        };
-    }
-    match roll {
-        0..=5 => Step::Touch {
-            o: owner_for(world, rng, e),
-            e,
-        },
-        6..=11 => Step::Read {
-            o: owner_for(world, rng, e),
-            e,
-        },
-        12..=25 => Step::Write {
-            o: owner_for(world, rng, e),
-            e,
-        },
-        26..=33 => Step::Defer {
-            o: owner_for(world, rng, e),
-            e,
-        },
-        34..=36 => Step::Checkpoint {
-            o: owner_for(world, rng, e),
-            e,
-        },
-        37..=39 => Step::Bump { o, ns },
-        40..=47 => Step::Revoke {
-            o,
-            ns,
-            pages,
-            pushes,
-        },
-        48..=50 => Step::Renew {
-            o: owner_for(world, rng, e),
-            e,
-        },
-        51 => Step::FenceWrite { o, e },
-        52..=53 => Step::Sweep { o, ns },
-        54..=61 => advance(rng),
-        62..=63 => Step::Skew {
-            o,
-            ms: rng.below(2 * MAX_SKEW_MS as u64 + 1) as i64 - MAX_SKEW_MS,
-        },
-        64 => Step::MarkRecovered { o, ns },
-        65 => Step::AuthBump { o, ns },
-        66..=67 => Step::AuthRevoke { o, ns },
-        68..=70 => Step::AuthWrite {
-            o: owner_for(world, rng, e),
-            e,
-            refresh: rng.below(3) == 0,
-        },
-        71 => Step::Crash { o },
-        72 => Step::Release { o, ns },
-        73..=75 => Step::Own { o, ns },
-        76..=79 => Step::TakeOver { o, ns },
-        80 => Step::LoseRows { o, ns },
-        _ => {
-            let then = if rng.below(4) == 0 {
-                Step::Revoke {
-                    o,
-                    ns,
-                    pages,
-                    pushes,
-                }
-            } else {
-                entity_step(world, rng, e)
-            };
-            let o = match then {
-                Step::Write { o, .. }
-                | Step::Defer { o, .. }
-                | Step::Checkpoint { o, .. }
-                | Step::Renew { o, .. }
-                | Step::AuthWrite { o, .. }
-                | Step::Touch { o, .. }
-                | Step::Revoke { o, .. } => o,
-                _ => unreachable!("entity steps only"),
-            };
-            let actions = (0..1 + rng.below(3))
-                .map(|_| step(world, rng, Some(o)))
-                .collect();
-            Step::Interleave {
-                o,
-                point: pick(rng, &POINTS),
-                actions,
-                then: Box::new(then),
-            }
-        }
-    }
-}
-
 fn world(backend: Backend, switches: GuardSwitches) -> (Arc<World>, Box<dyn std::any::Any>) {
+    world_with(backend, switches, OwnerSwitches::default())
+}
+
+fn world_with(
+    backend: Backend,
+    switches: GuardSwitches,
+    owner_switches: OwnerSwitches,
+) -> (Arc<World>, Box<dyn std::any::Any>) {
     let clock = ManualClock::new(1_000_000);
     let shared: SharedClock = Arc::new(clock.clone());
     let (base, guard): (Arc<dyn Store>, Box<dyn std::any::Any>) = match backend {
@@ -235,13 +77,24 @@ fn world(backend: Backend, switches: GuardSwitches) -> (Arc<World>, Box<dyn std:
             (Arc::new(store), Box::new(dir))
         }
     };
-    (World::new(SHAPE, base, clock, switches), guard)
+    (
+        World::new(SHAPE, base, clock, (switches, owner_switches)),
+        guard,
+    )
 }
 
 /// The end of a case: every namespace gets a serving owner (taking it over if need be), which
 /// reads every entity: its state is the fold of its log, and every accepted deferral is in
 /// that log exactly once.
 fn finish(world: &World) -> Result<(), String> {
+    // No more lost answers; every delayed copy still in the network arrives now (each commits
+    // only if its write was settled as committed or is still unsettled).
+    for o in 0..SHAPE.owners {
+        world.owner(o).store.keep_answers();
+        while !world.shared.network.lock().iter().all(|h| h.owner != o) {
+            world.run(&Step::Deliver { o })?;
+        }
+    }
     for ns in 0..SHAPE.namespaces {
         let name = namespace(ns);
         let o = ns % SHAPE.owners;
@@ -285,7 +138,14 @@ fn finish(world: &World) -> Result<(), String> {
 
 /// Runs one case; `Err` carries the violation and the step list.
 fn case(seed: u64, backend: Backend, steps: usize, switches: GuardSwitches) -> Result<(), String> {
-    case_with(seed, backend, steps, switches, false)
+    case_with(
+        seed,
+        backend,
+        steps,
+        switches,
+        false,
+        OwnerSwitches::default(),
+    )
 }
 
 /// [`case`], optionally with every engine writing its entities without the fence (a negative
@@ -296,9 +156,10 @@ fn case_with(
     steps: usize,
     switches: GuardSwitches,
     bypass: bool,
+    owner_switches: OwnerSwitches,
 ) -> Result<(), String> {
     let mut rng = Rng::new(seed);
-    let (world, _guard) = world(backend, switches);
+    let (world, _guard) = world_with(backend, switches, owner_switches);
     if bypass {
         world.bypass_engine_fence();
     }
@@ -403,6 +264,110 @@ fn engine_property_long_lane() {
 #[ignore = "long lane: 300 cases on the file store (release)"]
 fn engine_property_long_lane_file() {
     lane(300, Backend::File, 40);
+}
+
+/// A take-over held off by a declared recovery (SPEC F6): the forced `take_over` pushes to every
+/// row and leaves the checkpoint `Done` at epoch 1, but answers `Unavailable` while the hold-off
+/// lasts; the holder's next call renews its owner lease and deposes it. An `own` during the
+/// hold-off is refused; once the hold-off is over, the checkpoint is the proof of completion
+/// (docs/fencing.md) and `own` adopts on it with no slice run since. Found by the long lane
+/// (after a crash of the adopting owner), where the checker counted only slices that answered
+/// `Complete` and took this legal move for one without a completed revocation.
+fn own_after_a_recovery_hold_off() -> Vec<Step> {
+    vec![
+        Step::Write { o: 0, e: 0 },
+        Step::MarkRecovered { o: 0, ns: 0 },
+        Step::TakeOverCall {
+            o: 1,
+            ns: 0,
+            force: true,
+        },
+        Step::Advance { ms: 5_001 }, // past owner 0's owner lease, as it judges it
+        Step::Touch { o: 0, e: 0 },  // renews, finds the bump, stops serving ns0
+        Step::Own { o: 1, ns: 0 },   // refused: the hold-off holds completion off
+        Step::Advance { ms: 30_000 }, // past the hold-off
+        Step::Own { o: 1, ns: 0 },
+        Step::Read { o: 1, e: 0 },
+        Step::Write { o: 0, e: 0 },
+    ]
+}
+
+#[test]
+fn an_own_on_the_completion_proof_after_a_recovery_hold_off_moves_the_namespace() {
+    let (world, _guard) = world(Backend::Memory, GuardSwitches::default());
+    for s in own_after_a_recovery_hold_off() {
+        world.run(&s).unwrap();
+    }
+    let holder = world.owner(1).engine.owner_of(&namespace(0)).unwrap();
+    let holder = holder.expect("adopted");
+    assert_eq!((holder.owner.as_str(), holder.epoch), ("owner-1", 1));
+    let tallies = world.tallies.lock();
+    assert_eq!(tallies.get("take_over pending"), Some(&1), "{tallies:?}");
+    assert_eq!(
+        tallies.get("completion proof read"),
+        Some(&1),
+        "{tallies:?}"
+    );
+}
+
+/// The checker still finds a move without a completed revocation: with `own` adopting without
+/// the proof, the adoption during the hold-off.
+#[test]
+fn negative_control_own_without_the_completion_proof_is_caught_by_engines() {
+    let owners = OwnerSwitches {
+        adopt_without_completion: true,
+        ..OwnerSwitches::default()
+    };
+    let (world, _guard) = world_with(Backend::Memory, GuardSwitches::default(), owners);
+    let found = own_after_a_recovery_hold_off()
+        .iter()
+        .try_for_each(|s| world.run(s))
+        .unwrap_err();
+    assert!(
+        found.contains("without a revocation completed at epoch 1"),
+        "{found}"
+    );
+    let trace = world.trace.lock();
+    assert_eq!(
+        trace.len(),
+        6,
+        "caught at the own during the hold-off: {trace:?}"
+    );
+}
+
+/// A take-over in one call of a namespace the caller held at epoch 0 before another owner took
+/// it over (to 1), released it, and it was bumped again (to 2): `take_over` adopts the released
+/// namespace at 2 with no revocation, and the checker's slice after it pushes to the entity
+/// leased at 1, which the new holding restores and repairs (the caller's term 1 is owed). That
+/// repair commits under grant 2. Found by the long lane, where the checker still took the
+/// caller's writes for writes under grant 0 until the step ended, and reported F7 violated.
+fn take_over_call_after_a_release() -> Vec<Step> {
+    vec![
+        Step::Write { o: 2, e: 2 },
+        Step::TakeOver { o: 1, ns: 2 },
+        Step::Release { o: 1, ns: 2 },
+        Step::Bump { o: 2, ns: 2 },
+        Step::TakeOverCall {
+            o: 2,
+            ns: 2,
+            force: false,
+        },
+        Step::Read { o: 2, e: 2 },
+    ]
+}
+
+#[test]
+fn writes_of_a_take_over_in_one_call_are_checked_under_the_grant_it_adopted() {
+    let (world, _guard) = world(Backend::Memory, GuardSwitches::default());
+    for s in take_over_call_after_a_release() {
+        world.run(&s).unwrap();
+    }
+    assert_eq!(world.owner(2).engine.grant(&namespace(2)), Some(2));
+    let log = world.shared.ghost_of(&world.entity(2));
+    assert!(
+        log.iter().any(|(_, p)| p.starts_with(b"repair:")),
+        "the slice's touch repaired the entity: {log:?}"
+    );
 }
 
 /// A bounded search over seeds that must find a violation with `switches`.
@@ -543,17 +508,118 @@ fn a_deposed_owners_write_after_the_new_owner_wrote_is_fenced_not_contained() {
     schedule(&steps, GuardSwitches::default()).unwrap();
 }
 
+/// The same with the deposed owner's answer lost (`OutcomeUnknown`, as from an etcd request
+/// that timed out): its batch failed its lease guard, but the engine cannot know that, and
+/// settling the write finds the new owner's records in the log. That is no damage: the
+/// namespace's epoch moved past the grant, so the write is answered `Fenced`, the holding is
+/// deposed and the entity is not contained. Found by the long lane (seed
+/// 16958621684637056548): before, the settlement contained the entity ("the log changed under
+/// the engine during a settling of a write whose answer was lost").
+#[test]
+fn a_deposed_owners_lost_answer_is_settled_as_fenced_not_contained() {
+    deposed_owners_lost_answer(OwnerSwitches::default()).unwrap();
+}
+
+/// The negative control of the test above: with such a settlement taken for damage
+/// (`OwnerSwitches::settle_contains_deposed`, as before) the deposed owner's entity is
+/// contained.
+#[test]
+fn negative_control_a_deposed_owners_lost_answer_taken_for_damage_is_caught() {
+    let found = deposed_owners_lost_answer(OwnerSwitches {
+        settle_contains_deposed: true,
+        ..OwnerSwitches::default()
+    })
+    .unwrap_err();
+    assert!(found.contains("contained"), "{found}");
+}
+
+/// Owner 0 writes entity 0 with its answer lost; paused before its batch applies, owner 1
+/// takes the namespace over and writes the entity.
+fn deposed_owners_lost_answer(owners: OwnerSwitches) -> Result<(), String> {
+    let steps = [
+        Step::LoseAnswer { o: 0, commit: true },
+        Step::Interleave {
+            o: 0,
+            point: HookPoint::WriteBeforeApply,
+            actions: vec![Step::TakeOver { o: 1, ns: 0 }, Step::Write { o: 1, e: 0 }],
+            then: Box::new(Step::Write { o: 0, e: 0 }),
+        },
+        Step::Read { o: 1, e: 0 },
+        Step::Write { o: 0, e: 0 },
+    ];
+    let (world, _guard) = world_with(Backend::Memory, GuardSwitches::default(), owners);
+    for s in &steps {
+        world.run(s)?;
+    }
+    Ok(())
+}
+
 /// The engine's own writes are checked too: with every engine committing its entity batches
 /// without the fence (as before SPEC F11), a deposed owner's write (or restore) commits after
 /// a completed revocation, and the checker finds it.
 #[test]
 fn negative_control_engine_writes_without_the_fence_are_caught() {
     for seed in 0..500 {
-        if let Err(e) = case_with(seed, Backend::Memory, 40, GuardSwitches::default(), true) {
+        let (guards, owners) = (GuardSwitches::default(), OwnerSwitches::default());
+        if let Err(e) = case_with(seed, Backend::Memory, 40, guards, true, owners) {
             println!("{}", e.lines().next().unwrap_or_default());
             assert!(e.contains("F7 violated"), "{e}");
             return;
         }
     }
     panic!("500 cases found no violation with the engine's fence bypassed");
+}
+
+/// Bystanders that adopt on first use take a namespace in the middle of a take-over when
+/// first-use adoption may take it from another owner (as before SPEC F12): the checker finds the
+/// old owner's late write in a log the bystander had restored, or two owners' writes to one
+/// entity.
+#[test]
+fn negative_control_first_use_that_takes_over_is_caught_by_engines() {
+    let owners = OwnerSwitches {
+        first_use_takes_over: true,
+        ..OwnerSwitches::default()
+    };
+    for seed in 0..500 {
+        if let Err(e) = case_with(
+            seed,
+            Backend::Memory,
+            40,
+            GuardSwitches::default(),
+            false,
+            owners,
+        ) {
+            println!("{}", e.lines().next().unwrap_or_default());
+            return;
+        }
+    }
+    panic!("500 cases found no violation with first-use adoption taking namespaces over");
+}
+
+/// Negative control for the settlement of lost answers (SPEC F12, S2): with an unchanged head
+/// taken for proof that a write whose answer was lost never commits
+/// (`OwnerSwitches::unsealed_settlement`, as before), its delayed copy commits after the
+/// engine answered that it did not: the checker finds a state that is not the fold of the
+/// committed log, or an entity contained by its next write.
+#[test]
+fn negative_control_unsealed_settlement_is_caught_by_engines() {
+    let owners = OwnerSwitches {
+        unsealed_settlement: true,
+        ..OwnerSwitches::default()
+    };
+    for seed in 0..500 {
+        if let Err(e) = case_with(
+            seed,
+            Backend::Memory,
+            40,
+            GuardSwitches::default(),
+            false,
+            owners,
+        ) {
+            println!("{}", e.lines().next().unwrap_or_default());
+            assert!(e.contains("not the fold") || e.contains("contained"), "{e}");
+            return;
+        }
+    }
+    panic!("500 cases found no violation with settlement taking an unchanged head for proof");
 }

@@ -12,7 +12,7 @@ use portcullis::engine::Deferred;
 use portcullis::log::{self, Checkpoint, keys};
 use portcullis::restore::{Metrics, Origin, ReasonKind, UnitReport};
 use portcullis::store::{Batch, Store};
-use portcullis::{EntityId, Error};
+use portcullis::{EntityId, Error, StateMachine};
 
 #[derive(Default)]
 struct Reports(Mutex<Vec<(EntityId, UnitReport)>>);
@@ -316,6 +316,95 @@ fn r3_repair_already_committed_is_not_rerun_when_the_unit_reruns() {
     assert_eq!(machine.units_of(&e), 2);
 }
 
+/// Two entities with records "a", "b", "c", and a checkpoint at 2 that the machine does not
+/// decode; the store is closed so they reopen pending.
+fn with_an_undecodable_checkpoint() -> (Arc<TestStore>, EntityId, EntityId) {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let (e, other) = (entity(1), entity(2));
+    let engine = builder(&machine, &store).open().unwrap();
+    for x in [&e, &other] {
+        engine.register(x).unwrap();
+        engine.append(x, recs(&["a", "b", "c"])).unwrap();
+    }
+    engine.close().unwrap();
+    let p = e.partition();
+    let head = log::read_head(&*store, &p).unwrap();
+    // 12 bytes announcing a 100-byte record: TestMachine refuses to decode it.
+    let junk = [&2u64.to_le_bytes()[..], &100u32.to_le_bytes()[..]].concat();
+    log::write_checkpoint(&*store, &p, &head, 2, junk, Batch::new())
+        .unwrap()
+        .committed()
+        .unwrap();
+    (store, e, other)
+}
+
+#[test]
+fn e7_a_checkpoint_that_does_not_decode_falls_back_to_the_whole_history() {
+    let (store, e, other) = with_an_undecodable_checkpoint();
+    let machine = Arc::new(TestMachine::default());
+    let reports = Arc::new(Reports::default());
+    let engine = builder(&machine, &store)
+        .metrics(Arc::clone(&reports) as Arc<dyn Metrics>)
+        .open()
+        .unwrap();
+    // Served, from every record of its history, not contained.
+    assert_eq!(
+        payloads(&engine, &e).unwrap(),
+        recs(&["a", "b", "c"]),
+        "the entity is served from its whole history"
+    );
+    let report = reports.0.lock()[0].1.clone();
+    assert_eq!(report.checkpoint_unreadable, Some(2));
+    assert_eq!(report.checkpoint_seq, None);
+    assert_eq!(report.replayed, 3);
+    // It re-checkpointed in the encoding the machine reads, at its last record.
+    assert!(report.checkpoint_published);
+    let (head, checkpoint) = log::load_restore_point(&*store, &e.partition()).unwrap();
+    assert_eq!(head.head.checkpoint.unwrap().seq, 3);
+    assert_eq!(
+        machine
+            .decode_checkpoint(&e, &checkpoint.unwrap().state)
+            .unwrap()
+            .records
+            .len(),
+        3
+    );
+    assert_eq!(payloads(&engine, &other).unwrap().len(), 3);
+    engine.close().unwrap();
+    // The next restore starts from the new checkpoint and replays nothing.
+    let reports = Arc::new(Reports::default());
+    let engine = builder(&machine, &store)
+        .metrics(Arc::clone(&reports) as Arc<dyn Metrics>)
+        .open()
+        .unwrap();
+    assert_eq!(payloads(&engine, &e).unwrap().len(), 3);
+    let report = reports.0.lock()[0].1.clone();
+    assert_eq!((report.checkpoint_seq, report.replayed), (Some(3), 0));
+    assert_eq!(report.checkpoint_unreadable, None);
+}
+
+/// Negative control: with the fallback turned off, the same store contains the entity (the
+/// behaviour before SPEC E7), so the test above depends on the fallback.
+#[test]
+fn e7_negative_control_without_the_fallback_an_undecodable_checkpoint_contains() {
+    let (store, e, other) = with_an_undecodable_checkpoint();
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).open().unwrap();
+    engine.set_checkpoint_fallback_off_for_test(true);
+    let err = engine.read(&e, |_| ()).unwrap_err();
+    assert!(matches!(err, Error::Contained { .. }), "{err}");
+    assert!(
+        err.to_string().contains("checkpoint at 2 does not decode"),
+        "{err}"
+    );
+    assert_eq!(
+        engine.containment(&e).unwrap().unwrap().kind,
+        ReasonKind::Decode
+    );
+    assert_eq!(payloads(&engine, &other).unwrap().len(), 3);
+}
+
 #[test]
 fn l4_a_checkpoint_that_does_not_match_its_history_is_contained() {
     let store = TestStore::new();
@@ -371,10 +460,10 @@ fn l4_a_checkpoint_that_does_not_match_its_history_is_contained() {
     );
 }
 
-/// R2: a revocation push is a touch: the pending entity of a namespace the engine serves is
-/// restored (once) before its lease is pushed, like on every other path.
-#[test]
-fn r2_a_revocation_push_restores_the_entity_first() {
+/// Where the units of a revocation's touches ran: runs revocation slices to `Complete` in an
+/// engine serving the namespace of a pending entity with a lease, and answers the name of the
+/// thread that restored it (the slice's own thread, or the engine's pool).
+fn thread_of_a_revocation_touch(switches: portcullis::engine::OwnerSwitches) -> String {
     use portcullis::fence::{RevokeBudget, RevokeProgress};
     let store = TestStore::new();
     let machine = Arc::new(TestMachine::default());
@@ -387,9 +476,26 @@ fn r2_a_revocation_push_restores_the_entity_first() {
         engine.close().unwrap();
     }
     assert_eq!(machine.units_of(&e), 1);
-    let engine = builder(&machine, &store).open().unwrap();
+    // The background warm runs the restore a revocation push owes: on, for this test alone.
+    let engine = builder(&machine, &store)
+        .owner_switches_for_test(switches)
+        .background_warm(true)
+        .open()
+        .unwrap();
     assert_eq!(machine.units_of(&e), 1, "open restores nothing");
+    // Adopting the namespace owes it a warm, which restores the entity; passivated, it is
+    // pending again when revocation pushes to it.
     engine.own(e.namespace()).unwrap();
+    common::engine::until(|| machine.units_of(&e) == 2);
+    common::engine::until(|| engine.passivate(&e).unwrap_or(false));
+    let ran_on: Arc<parking_lot::Mutex<Vec<String>>> = Arc::default();
+    {
+        let ran_on = Arc::clone(&ran_on);
+        machine.set_hook(move |_| {
+            let name = std::thread::current().name().unwrap_or("?").to_owned();
+            ran_on.lock().push(name);
+        });
+    }
     engine.bump_epoch(e.namespace(), 1).unwrap();
     let mut steps = 0;
     while engine
@@ -400,11 +506,36 @@ fn r2_a_revocation_push_restores_the_entity_first() {
         steps += 1;
         assert!(steps < 100, "revocation did not complete");
     }
-    assert_eq!(machine.units_of(&e), 2, "the push restored the entity");
-    assert_eq!(engine.stats().units_run, 1);
+    common::engine::until(|| machine.units_of(&e) == 3);
     // Later touches share that unit.
     assert_eq!(payloads(&engine, &e).unwrap(), recs(&["a"]));
-    assert_eq!(machine.units_of(&e), 2);
+    assert_eq!(machine.units_of(&e), 3);
+    let ran_on = ran_on.lock().clone();
+    assert_eq!(ran_on.len(), 1, "{ran_on:?}");
+    ran_on[0].clone()
+}
+
+/// R2, F4: a revocation push is a touch: the pending entity of a namespace the engine serves is
+/// restored (once), like on every other path, and on the engine's pool rather than inside the
+/// slice, so a slice stays bounded (it neither runs a restore unit nor waits for one).
+#[test]
+fn r2_a_revocation_push_restores_the_entity_on_the_pool() {
+    let ran_on = thread_of_a_revocation_touch(Default::default());
+    assert!(ran_on.starts_with("portcullis-"), "{ran_on}");
+}
+
+/// The negative control: with the unit run inside the slice
+/// (`OwnerSwitches::revocation_restores_inline`, as before), the slice's own thread restores
+/// the entity.
+#[test]
+fn f4_negative_control_a_revocation_that_restores_inline_runs_the_unit_in_the_slice() {
+    let switches = portcullis::engine::OwnerSwitches {
+        revocation_restores_inline: true,
+        ..Default::default()
+    };
+    let ran_on = thread_of_a_revocation_touch(switches);
+    let me = std::thread::current().name().unwrap_or("?").to_owned();
+    assert_eq!(ran_on, me);
 }
 
 /// R3: a repair owed after a crash is not lost when the next incarnation closes cleanly before
@@ -511,4 +642,67 @@ fn r3_apply_learns_whether_a_record_is_replayed_deferred_repaired_or_live() {
         origins(&machine).iter().all(|(_, o)| o.is_replay()),
         "a reopened entity only replays"
     );
+}
+
+/// Writes a lease, through the fence, for entity 5 of the test namespace, which is never
+/// registered; answers what the engine then says of it: listed, read, its history,
+/// registered.
+fn lease_for_an_unregistered_entity(
+    switches: portcullis::engine::OwnerSwitches,
+) -> (bool, String, String, bool) {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store)
+        .owner_switches_for_test(switches)
+        .open()
+        .unwrap();
+    let e = entity(5);
+    let grant = engine.own(e.namespace()).unwrap();
+    let written = engine
+        .fence()
+        .write(&e, grant, portcullis::store::Batch::new())
+        .unwrap();
+    assert!(matches!(
+        written,
+        portcullis::fence::WriteOutcome::Committed { .. }
+    ));
+    assert!(store.inner.contains_partition(&e.partition()).unwrap());
+    let listed = engine.entities().unwrap().contains(&e);
+    let read = format!("{:?}", payloads(&engine, &e));
+    let history = format!("{:?}", engine.history(&e, 1).map(|h| h.count()));
+    let registered = engine.register(&e).unwrap();
+    if registered {
+        assert_eq!(payloads(&engine, &e).unwrap(), Vec::<Vec<u8>>::new());
+    }
+    (listed, read, history, registered)
+}
+
+/// R1: a lease the fence writes into the partition of an entity never registered (a push or a
+/// sweep on a row whose first batch never committed, or the application's own fenced write)
+/// makes no entity: the registration marker, not the partition, says what is registered. It is
+/// not listed, a read and `history` answer `UnknownEntity`, and `register` registers it.
+/// Before, the partition was taken for a registered entity: listed, served fresh, its history
+/// read, and `register` answered that it already was (writing no marker).
+#[test]
+fn r1_a_lease_for_an_unregistered_entity_makes_no_entity() {
+    let (listed, read, history, registered) = lease_for_an_unregistered_entity(Default::default());
+    assert!(!listed);
+    assert!(read.contains("UnknownEntity"), "{read}");
+    assert!(history.contains("UnknownEntity"), "{history}");
+    assert!(registered);
+}
+
+/// The negative control: with any partition taken for an entity
+/// (`OwnerSwitches::phantom_partitions_are_entities`), the lease makes a phantom one.
+#[test]
+fn r1_negative_control_a_partition_is_taken_for_an_entity() {
+    let switches = portcullis::engine::OwnerSwitches {
+        phantom_partitions_are_entities: true,
+        ..Default::default()
+    };
+    let (listed, read, history, registered) = lease_for_an_unregistered_entity(switches);
+    assert!(listed);
+    assert!(read.starts_with("Ok"), "{read}");
+    assert!(history.starts_with("Ok"), "{history}");
+    assert!(!registered);
 }

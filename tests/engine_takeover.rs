@@ -2,18 +2,23 @@
 //! once and answers `Fenced` from memory, `own` answers the current epoch or refuses a stale
 //! holder, deferrals after a take-over are refused, a fenced restore is retryable, adoption on
 //! first use never takes a namespace from another owner, and a take-over from a dead owner
-//! repairs each entity once while a clean hand-over repairs none.
+//! repairs each entity once while a clean hand-over repairs none. `take_over` (SPEC F12) is
+//! refused while the holder is live unless forced, needs no force once the holder's lease
+//! expired, resumes without bumping again, and `owner_of` says who serves a namespace; `own`
+//! adopts on the proof of completion a take-over held off by a declared recovery left.
 
 mod common;
 
 use std::sync::Arc;
 
 use common::engine::{
-    TestMachine, TestStore, builder, entity, owner_builder, payloads, recs, revoke_to_complete,
-    taken_over,
+    TestEngine, TestMachine, TestStore, builder, entity, ns, owner_builder, payloads, recs,
+    revoke_to_complete, taken_over,
 };
-use portcullis::store::Store;
-use portcullis::{Error, Namespace};
+use portcullis::engine::{OwnerSwitches, TakeOver};
+use portcullis::fence::RevokeBudget;
+use portcullis::store::{MemoryStore, Store};
+use portcullis::{Error, ManualClock, Namespace};
 
 // ---------------------------------------------------------------------------------------------
 // Hand-over: a deposed owner stops serving at once, and a fenced restore is retryable.
@@ -319,4 +324,220 @@ fn r3_a_listing_error_at_close_keeps_the_owed_repair() {
     assert_eq!(engine.owed_repairs(&ns).unwrap(), vec![1]);
     payloads(&engine, &b).unwrap();
     assert!(machine.repairs.lock().contains(&(b.clone(), 1)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// One safe call (SPEC F12): take_over, and the lookup routers use.
+
+/// Two owners over a store on a manual clock, owner lease renewals off (the clock decides).
+fn owners_on_a_clock() -> (
+    ManualClock,
+    Arc<TestStore>,
+    Arc<TestMachine>,
+    [TestEngine; 2],
+) {
+    let clock = ManualClock::new(1_000_000);
+    let store = TestStore::with_clock(Arc::new(clock.clone()));
+    let machine = Arc::new(TestMachine::default());
+    let open = |owner: &str| {
+        owner_builder(&machine, &store, owner)
+            .renew_owner_lease(false)
+            .open()
+            .unwrap()
+    };
+    let (a, b) = (open("a"), open("b"));
+    (clock, store, machine, [a, b])
+}
+
+fn take_over_from_a_live_holder(switches: OwnerSwitches) -> Result<u64, Error> {
+    let store = TestStore::new();
+    let machine = Arc::new(TestMachine::default());
+    let a = owner_builder(&machine, &store, "a").open().unwrap();
+    let b = owner_builder(&machine, &store, "b")
+        .owner_switches_for_test(switches)
+        .open()
+        .unwrap();
+    let ns = ns();
+    a.own(&ns).unwrap();
+    a.register(&entity(1)).unwrap();
+    b.take_over(&ns, TakeOver::new())
+}
+
+#[test]
+fn f12_take_over_is_refused_while_the_holder_is_live_unless_forced() {
+    let err = take_over_from_a_live_holder(OwnerSwitches::default()).unwrap_err();
+    assert!(
+        matches!(&err, Error::OwnerLive { owner, incarnation: 1, .. } if owner == "a"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("TakeOver::force"), "{err}");
+    // Forced, it bumps, revokes and adopts; a's next write is fenced.
+    let (store, machine) = (TestStore::new(), Arc::new(TestMachine::default()));
+    let a = owner_builder(&machine, &store, "a").open().unwrap();
+    let b = owner_builder(&machine, &store, "b").open().unwrap();
+    a.own(&ns()).unwrap();
+    a.register(&entity(1)).unwrap();
+    a.append(&entity(1), recs(&["a1"])).unwrap();
+    assert!(
+        b.take_over(&ns(), TakeOver::new()).is_err(),
+        "nothing forced"
+    );
+    assert_eq!(
+        b.current_epoch(&ns()).unwrap(),
+        0,
+        "a refused take-over bumps nothing"
+    );
+    assert_eq!(b.take_over(&ns(), TakeOver::new().force(true)).unwrap(), 1);
+    assert_eq!(b.owed_repairs(&ns()).unwrap(), vec![1]);
+    assert!(matches!(
+        a.append(&entity(1), recs(&["late"])),
+        Err(Error::Fenced { .. })
+    ));
+    assert_eq!(payloads(&b, &entity(1)).unwrap(), recs(&["a1"]));
+}
+
+#[test]
+fn negative_control_a_take_over_that_ignores_a_live_holder_is_caught() {
+    let switches = OwnerSwitches {
+        take_over_ignores_liveness: true,
+        ..OwnerSwitches::default()
+    };
+    assert_eq!(take_over_from_a_live_holder(switches).unwrap(), 1);
+}
+
+/// A holder whose process died (every call of its store view fails) stops renewing; once its
+/// lease has expired, `take_over` needs no force and no operator, and each entity is repaired
+/// once for the dead holder's term.
+#[test]
+fn f12_take_over_from_a_holder_whose_lease_expired_needs_no_force() {
+    let clock = ManualClock::new(1_000_000);
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+    let machine = Arc::new(TestMachine::default());
+    *machine.repair_records.lock() = recs(&["repaired"]);
+    let view = common::killable::Killable::over(&store);
+    let open = |owner: &str, store: Arc<dyn Store>| {
+        portcullis::Engine::builder(Arc::clone(&machine))
+            .store(store)
+            .owner(owner)
+            .pool_threads(1)
+            .open()
+            .unwrap()
+    };
+    let a = open("a", Arc::clone(&view) as Arc<dyn Store>);
+    for i in 0..3 {
+        a.register(&entity(i)).unwrap();
+        a.append(&entity(i), recs(&["a"])).unwrap();
+    }
+    view.kill();
+    std::mem::forget(a);
+    let b = open("b", Arc::clone(&store));
+    let holder = b.owner_of(&ns()).unwrap().unwrap();
+    assert!(holder.live && holder.serves(), "{holder:?}");
+    assert!(matches!(
+        b.take_over(&ns(), TakeOver::new()),
+        Err(Error::OwnerLive { .. })
+    ));
+    clock.advance(10_000); // a's owner lease expires
+    let holder = b.owner_of(&ns()).unwrap().unwrap();
+    assert!(!holder.live && !holder.serves(), "{holder:?}");
+    // a's entity leases (30 s) are still live: revocation pushes them.
+    assert_eq!(b.take_over(&ns(), TakeOver::new()).unwrap(), 1);
+    for i in 0..3 {
+        assert_eq!(payloads(&b, &entity(i)).unwrap(), recs(&["a", "repaired"]));
+    }
+    assert_eq!(machine.repairs.lock().len(), 3);
+    let holder = b.owner_of(&ns()).unwrap().unwrap();
+    assert_eq!(
+        (holder.owner.as_str(), holder.epoch, holder.current_epoch),
+        ("b", 1, 1)
+    );
+    assert!(holder.serves());
+}
+
+/// A take-over whose revocation does not complete within its slices answers Unavailable;
+/// called again it resumes where it stopped, without bumping again.
+#[test]
+fn f12_take_over_resumes_without_bumping_again() {
+    let (_clock, _store, _machine, [a, b]) = owners_on_a_clock();
+    a.own(&ns()).unwrap();
+    for i in 0..12 {
+        a.register(&entity(i)).unwrap();
+    }
+    let short = TakeOver::new()
+        .force(true)
+        .budget(RevokeBudget::default().with_max_pushes(1))
+        .max_slices(2);
+    let err = b.take_over(&ns(), short).unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    assert!(err.to_string().contains("call take_over again"), "{err}");
+    assert_eq!(b.grant(&ns()), None);
+    let mut calls = 1;
+    let grant = loop {
+        calls += 1;
+        match b.take_over(&ns(), short) {
+            Ok(grant) => break grant,
+            Err(Error::Unavailable { .. }) if calls < 20 => {}
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(
+        (grant, b.current_epoch(&ns()).unwrap()),
+        (1, 1),
+        "bumped once"
+    );
+}
+
+/// A forced take-over held off by a declared recovery (SPEC F6) pushes to every lease and
+/// leaves the checkpoint `Done`, but answers Unavailable while the hold-off lasts. `own` is
+/// refused until the hold-off is over, and then adopts on that checkpoint, the proof of
+/// completion (docs/fencing.md), with no slice run since; the old holder is fenced.
+#[test]
+fn f12_own_adopts_on_the_completion_proof_once_a_recovery_hold_off_ends() {
+    let (clock, _store, _machine, [a, b]) = owners_on_a_clock();
+    a.own(&ns()).unwrap();
+    a.register(&entity(1)).unwrap();
+    a.append(&entity(1), recs(&["a1"])).unwrap();
+    a.mark_lease_table_recovered(&ns()).unwrap();
+    let forced = TakeOver::new().force(true).max_slices(4);
+    let err = b.take_over(&ns(), forced).unwrap_err();
+    assert!(err.to_string().contains("still pending"), "{err}");
+    let err = b.own(&ns()).unwrap_err();
+    assert!(matches!(err, Error::NotServed { .. }), "{err}");
+    assert!(err.to_string().contains("declared recovery"), "{err}");
+    clock.advance(35_000); // the hold-off: epoch lease and margin after the marker
+    let slices = b.fence().stats().slices;
+    assert_eq!(b.own(&ns()).unwrap(), 1);
+    assert_eq!(
+        b.fence().stats().slices,
+        slices,
+        "adopted on the proof, no slice run"
+    );
+    assert!(matches!(
+        a.append(&entity(1), recs(&["late"])),
+        Err(Error::Fenced { .. })
+    ));
+    assert_eq!(payloads(&b, &entity(1)).unwrap(), recs(&["a1"]));
+}
+
+/// Nothing to take: an unowned or released namespace is adopted as `own` would, with no bump
+/// and no repair; a namespace served unfenced cannot be taken over.
+#[test]
+fn f12_take_over_of_a_free_namespace_adopts_it_and_an_unfenced_one_is_refused() {
+    let (_clock, _store, machine, [a, b]) = owners_on_a_clock();
+    assert_eq!(b.owner_of(&ns()).unwrap(), None);
+    assert_eq!(a.take_over(&ns(), TakeOver::new()).unwrap(), 0);
+    a.register(&entity(1)).unwrap();
+    a.release_namespace(&ns()).unwrap();
+    let released = b.owner_of(&ns()).unwrap().unwrap();
+    assert!(released.released && !released.serves(), "{released:?}");
+    assert_eq!(b.take_over(&ns(), TakeOver::new()).unwrap(), 0, "no bump");
+    assert!(b.owed_repairs(&ns()).unwrap().is_empty());
+    payloads(&b, &entity(1)).unwrap();
+    assert!(machine.repairs.lock().is_empty());
+    let plain = Namespace::new("plain").unwrap();
+    a.own_unfenced(&plain).unwrap();
+    let err = b
+        .take_over(&plain, TakeOver::new().force(true))
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
 }

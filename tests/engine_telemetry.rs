@@ -120,3 +120,70 @@ fn r9_one_info_line_per_restored_entity_one_warn_per_refusal_and_one_warm_summar
         .count();
     assert_eq!(warns, 1);
 }
+
+/// Refuses empty messages in `check` (SPEC R12).
+struct NoEmpty;
+
+impl portcullis::TypedMachine for NoEmpty {
+    type Record = String;
+    type State = u64;
+    fn fresh(&self, _: &EntityId) -> u64 {
+        0
+    }
+    fn check(
+        &self,
+        _: &u64,
+        _: &portcullis::ApplyContext<'_>,
+        text: &String,
+    ) -> Result<(), portcullis::Rejection> {
+        if text.is_empty() {
+            return Err(portcullis::Rejection::new("an empty message"));
+        }
+        Ok(())
+    }
+    fn apply(
+        &self,
+        n: &mut u64,
+        _: &portcullis::ApplyContext<'_>,
+        _: String,
+    ) -> Result<(), portcullis::Rejection> {
+        *n += 1;
+        Ok(())
+    }
+}
+
+#[test]
+fn r9_r12_a_deferred_record_set_aside_is_one_warn_line_and_counted_in_the_info_line() {
+    capture();
+    let store: Arc<dyn portcullis::store::Store> = TestStore::new();
+    // The background warm is off: both records must still be deferred when the read restores
+    // the room (with it on, the second one could meet the restored room and be refused).
+    let open = || {
+        portcullis::Engine::builder(portcullis::Typed(NoEmpty))
+            .store(Arc::clone(&store))
+            .background_warm(false)
+            .open()
+            .unwrap()
+    };
+    let e = EntityId::new("telemetry-refused", "room").unwrap();
+    let engine = open();
+    engine.register(&e).unwrap();
+    engine.close().unwrap();
+    let engine = open();
+    engine.defer_typed(&e, &"hello".to_string()).unwrap();
+    engine.defer_typed(&e, &String::new()).unwrap();
+    assert_eq!(engine.read(&e, |n| *n).unwrap(), 1);
+    let warned = lines(log::Level::Warn, "telemetry-refused/room");
+    assert_eq!(warned.len(), 1, "{warned:#?}");
+    assert!(
+        warned[0].contains("refused by the state and set aside, not appended")
+            && warned[0].contains("an empty message"),
+        "{}",
+        warned[0]
+    );
+    let info = lines(log::Level::Info, "restored telemetry-refused/room");
+    assert!(
+        info.len() == 1 && info[0].contains("1 deferred, 1 deferred refused"),
+        "{info:#?}"
+    );
+}

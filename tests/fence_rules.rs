@@ -689,6 +689,63 @@ fn f6_recovery_holds_off_completion() {
     });
 }
 
+/// A second planner whose clock lags the first's by 3 s (within the 5 s margin) marks the same
+/// lease table recovered right after the first; answers what a slice says once the first
+/// planner's clock reads 132,500 (past the lagging mark's hold-off, before the first's).
+fn f6_mark_from_a_lagging_planner(env: &Env, switches: GuardSwitches) -> RevokeProgress {
+    let ns = env.ns();
+    env.clock.set(100_000);
+    env.fence.mark_lease_table_recovered(&ns).unwrap();
+    env.fence.bump_epoch(&ns, 1).unwrap();
+    let lagging = portcullis::fence::Fence::new(
+        Arc::clone(&env.store),
+        Arc::new(portcullis::ManualClock::new(97_000)),
+        env.config,
+    );
+    lagging.set_guard_switches(switches);
+    lagging.mark_lease_table_recovered(&ns).unwrap();
+    env.clock.set(132_500);
+    env.fence.revoke_step(&ns, RevokeBudget::default()).unwrap()
+}
+
+/// F6: the recovery marker never moves backwards: a mark from a planner whose clock lags
+/// (within the margin), or a mark racing another, keeps the later hold-off (and still
+/// invalidates every revocation checkpoint). Before, the last writer won: the lagging mark
+/// shortened the hold-off by the lag, and revocation completed before every lease granted
+/// before the first mark had expired.
+#[test]
+fn f6_the_recovery_marker_never_moves_backwards() {
+    each_backend(|env| {
+        assert!(matches!(
+            f6_mark_from_a_lagging_planner(env, GuardSwitches::default()),
+            RevokeProgress::Pending { .. }
+        ));
+        env.clock.set(135_001);
+        assert_eq!(
+            env.fence
+                .revoke_step(&env.ns(), RevokeBudget::default())
+                .unwrap(),
+            RevokeProgress::Complete
+        );
+    });
+}
+
+/// The negative control: an unguarded marker (`GuardSwitches::unguarded_recovery_marker`)
+/// moves backwards, and revocation completes inside the first mark's hold-off.
+#[test]
+fn f6_negative_control_an_unguarded_marker_moves_backwards() {
+    each_backend(|env| {
+        let switches = GuardSwitches {
+            unguarded_recovery_marker: true,
+            ..GuardSwitches::default()
+        };
+        assert_eq!(
+            f6_mark_from_a_lagging_planner(env, switches),
+            RevokeProgress::Complete
+        );
+    });
+}
+
 // ---------------------------------------------------------------- F8
 
 #[test]

@@ -313,3 +313,50 @@ fn control_finds(dir: &std::path::Path, switch_off: impl Fn(&FileStore)) -> Stri
     }
     panic!("the control lost no write in {ROUNDS} rounds");
 }
+
+/// Applies that do not commit (a failed guard, a passed deadline) to many distinct partitions,
+/// with a budget: the states they made count as loaded and must be dropped like any idle one,
+/// and each later call must not look at all of them again.
+#[test]
+fn s8_applies_that_do_not_commit_stay_within_the_budget() {
+    let _one = ONE_AT_A_TIME.lock();
+    const BUDGET: usize = 16;
+    const PARTS: usize = 3_000;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path(), Some(BUDGET));
+    // A few partitions with a record, so refused applies meet loaded ones too.
+    fill(&store, 40, 2);
+    let examined_before = store.unload_examined_for_test();
+    let mut most_loaded = 0;
+    for i in 0..PARTS {
+        let p = part(1_000 + i);
+        // A guard on a key no partition has, then a deadline long passed.
+        let refused = Batch::new().present(key(0)).put(key(1), b"x".to_vec());
+        assert!(!store.apply(&p, &refused).unwrap().is_committed());
+        let late = Batch::new().not_after(1).put(key(1), b"x".to_vec());
+        assert!(!store.apply(&p, &late).unwrap().is_committed());
+        // And one of a partition that has records.
+        let refused = Batch::new()
+            .present(b"none".to_vec())
+            .put(key(1), b"x".to_vec());
+        assert!(!store.apply(&part(i % 40), &refused).unwrap().is_committed());
+        most_loaded = most_loaded.max(store.stats().partitions_loaded);
+    }
+    // Each call looks at a bounded number of states, whatever the number of partitions
+    // touched: one pass over the loaded ones per quarter of the budget's loads.
+    let calls = (3 * PARTS) as u64;
+    let examined = store.unload_examined_for_test() - examined_before;
+    println!(
+        "at most {most_loaded} loaded; {examined} states examined by dropping passes over {calls} calls"
+    );
+    assert!(most_loaded <= BUDGET as u64, "{most_loaded} loaded");
+    assert!(
+        examined <= calls * 12,
+        "{examined} states examined over {calls} calls"
+    );
+    // Nothing was created by the refusals, and every written partition reads back.
+    assert_eq!(store.list_partitions(b"e/").unwrap().len(), 40);
+    assert_eq!(store.stats().partitions, 40);
+    check_all(&store, 40, 2);
+    store.close().unwrap();
+}

@@ -256,3 +256,87 @@ fn a_loaded_key_costs_at_most_48_bytes_plus_the_key() {
     );
     store.close().unwrap();
 }
+
+/// Partitions written once each under a budget of loaded indexes: what the store holds must
+/// not grow with their number (SPEC S8). Each written partition's index is dropped, leaving
+/// its head in the table's overlay until a heads snapshot holds it; a snapshot falls due when
+/// the overlay reaches its bound, and folds the heads it wrote back into its pages.
+///
+/// Returns the heap held after the first sixth of the partitions and at the end (after each
+/// chunk the background snapshot is waited for, so the figures do not depend on scheduling),
+/// and the most overlay heads seen.
+fn write_once_under_a_budget(fold_off: bool) -> (i64, i64, usize) {
+    const PARTS: u32 = 60_000;
+    const CHUNK: u32 = 1_000;
+    const BOUND: usize = 5_000;
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::builder(dir.path())
+        .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
+        .auto_compact(false)
+        .max_loaded_partitions(64)
+        .open()
+        .unwrap();
+    store.set_overlay_bound_for_test(BOUND);
+    store.set_heads_fold_off_for_test(fold_off);
+    let before = heap_in_use();
+    let (mut early, mut most_overlay) = (0, 0);
+    for i in 0..PARTS {
+        let p = Partition::new(format!("e/memory/p{i:07}")).unwrap();
+        let batch = Batch::new().put(b"k".to_vec(), vec![7u8; 16]);
+        assert!(store.apply(&p, &batch).unwrap().is_committed());
+        if (i + 1) % CHUNK == 0 {
+            store.wait_for_background_snapshot_for_test();
+            most_overlay = most_overlay.max(store.overlay_heads_for_test());
+            if i + 1 == PARTS / 6 {
+                early = heap_in_use() - before;
+            }
+        }
+    }
+    let end = heap_in_use() - before;
+    let stats = store.stats();
+    assert_eq!(stats.partitions, PARTS as u64, "{stats:?}");
+    assert!(stats.partitions_loaded <= 64, "{stats:?}");
+    // Every partition still reads back.
+    for i in (0..PARTS).step_by(997) {
+        let p = Partition::new(format!("e/memory/p{i:07}")).unwrap();
+        assert_eq!(store.get(&p, b"k").unwrap(), Some(vec![7u8; 16]), "p{i}");
+    }
+    store.close().unwrap();
+    (early, end, most_overlay)
+}
+
+#[test]
+fn writing_many_partitions_once_under_a_budget_holds_flat_memory() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (early, end, most_overlay) = write_once_under_a_budget(false);
+    println!(
+        "heap held after 10,000 partitions {early} B, after 60,000 {end} B; at most {most_overlay} overlay heads"
+    );
+    // 50,000 more partitions: without the fold about 80 B each (4 MiB) would stay.
+    assert!(
+        end - early < MIB,
+        "memory grew by {} KiB over 50,000 partitions written once",
+        (end - early) >> 10
+    );
+    assert!(
+        most_overlay <= 5_000 + 1_000 + 64,
+        "{most_overlay} heads in the overlay"
+    );
+}
+
+/// Negative control: with the fold switched off the overlay keeps every head written since
+/// open, and the same measurement grows with the partitions.
+#[test]
+fn negative_control_without_the_fold_memory_grows_with_the_partitions_written() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (early, end, most_overlay) = write_once_under_a_budget(true);
+    println!(
+        "without the fold: heap held after 10,000 partitions {early} B, after 60,000 {end} B; at most {most_overlay} overlay heads"
+    );
+    assert!(
+        end - early >= MIB,
+        "grew by only {} KiB",
+        (end - early) >> 10
+    );
+    assert!(most_overlay > 50_000, "{most_overlay}");
+}

@@ -15,7 +15,7 @@ fn guarantees() -> String {
 
 /// Every id of the specification.
 fn all_ids() -> Vec<String> {
-    let groups = [('S', 11), ('L', 4), ('R', 11), ('F', 11), ('E', 6)];
+    let groups = [('S', 14), ('L', 4), ('R', 12), ('F', 12), ('E', 9)];
     groups
         .iter()
         .flat_map(|&(g, n)| (1..=n).map(move |i| format!("{g}{i}")))

@@ -11,6 +11,11 @@
 //! 3. B writes from several threads while etcd is stopped and started again on the same data
 //!    directory: no acknowledged deposit is lost.
 //!
+//! And two processes that both leave the owner id at its default never collide (SPEC F12): the
+//! second is refused at open with `OwnerLive` naming the first one's incarnation (before, it
+//! took that open incarnation for a crash and took its namespaces at the same epoch), also
+//! right after the first was killed (its lease is still live), and opens once the first closed.
+//!
 //! The processes synchronise through pipes (A reports each step on its stdout, B sends commands
 //! on A's stdin), never by sleeping.
 #![cfg(feature = "etcd")]
@@ -28,7 +33,8 @@ use std::time::Duration;
 
 use common::etcd::EtcdServer;
 use crossbeam::channel;
-use handover::{ACCOUNTS, account, open, take_over};
+use handover::{ACCOUNTS, Ledger, account, open, take_over};
+use portcullis::engine::Engine;
 use portcullis::store::{EtcdStore, Store};
 use portcullis::{Error, Namespace};
 
@@ -110,8 +116,13 @@ struct OwnerA {
 /// Forwards every report of A (a line with `A: `, which may follow the test harness's own
 /// text on the same line) until A's stdout closes.
 fn forward_reports(stdout: ChildStdout, reports: channel::Sender<String>) {
+    forward_reports_of("A: ", stdout, reports);
+}
+
+/// Forwards every report (the text after `prefix`) until the child's stdout closes.
+fn forward_reports_of(prefix: &str, stdout: ChildStdout, reports: channel::Sender<String>) {
     for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-        if let Some((_, report)) = line.split_once("A: ")
+        if let Some((_, report)) = line.split_once(prefix)
             && reports.send(report.to_string()).is_err()
         {
             return;
@@ -237,10 +248,11 @@ fn two_processes_hand_a_namespace_over_through_one_etcd() {
     a.until(|r, _| r.starts_with("serving"));
     a.until(|_, acked| acked.iter().sum::<u64>() >= 2 * ACCOUNTS as u64);
     a.kill();
+    // Counted before the take-over: the background warm it starts may restore accounts first.
+    let units = b.stats().units_run;
     take_over(&b, &ns).unwrap();
     let owed = b.owed_repairs(&ns).unwrap();
     assert_eq!(owed.len(), 1, "the killed A's term: {owed:?}");
-    let units = b.stats().units_run;
     for (i, d) in deposits.iter_mut().enumerate() {
         let state = b.read(&account(i), Clone::clone).unwrap();
         let repaired = state.repairs.iter().filter(|t| **t == owed[0]).count();
@@ -331,4 +343,116 @@ fn two_processes_hand_a_namespace_over_through_one_etcd() {
         );
     }
     c.close().unwrap();
+}
+
+/// Set in the default-owner child's environment: `<etcd endpoint> <root>`.
+const DEFAULT_CHILD_ENV: &str = "PORTCULLIS_DEFAULT_OWNER_CHILD";
+const DEFAULT_ROOT: &str = "default-owners/";
+
+/// An engine that leaves the owner id at its default, in a child process. Reports `D: open
+/// <incarnation>`, serves a deposit, then on `close` (stdin) closes cleanly and reports
+/// `D: closed`; it is killed otherwise.
+#[test]
+#[ignore = "the first process of two_processes_with_the_default_owner_id_never_collide"]
+fn default_owner_child() {
+    let Ok(spec) = std::env::var(DEFAULT_CHILD_ENV) else {
+        return;
+    };
+    let (endpoint, root) = spec.split_once(' ').expect("endpoint and root");
+    let engine = Engine::builder(Ledger)
+        .store(connect(endpoint, root))
+        .pool_threads(1)
+        .open()
+        .unwrap();
+    engine.register(&account(0)).unwrap();
+    engine.append(&account(0), deposit()).unwrap();
+    println!("D: open {}", engine.incarnation());
+    for line in std::io::stdin().lock().lines() {
+        if line.unwrap() == "close" {
+            engine.close().unwrap();
+            println!("D: closed");
+            return;
+        }
+    }
+}
+
+/// The default-owner child: its reports, and its stdin.
+struct DefaultOwner {
+    child: Child,
+    stdin: ChildStdin,
+    reports: channel::Receiver<String>,
+}
+
+impl DefaultOwner {
+    fn spawn(endpoint: &str) -> DefaultOwner {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["default_owner_child", "--exact", "--ignored", "--nocapture"])
+            .args(["--test-threads", "1"])
+            .env(DEFAULT_CHILD_ENV, format!("{endpoint} {DEFAULT_ROOT}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("run the first process");
+        let stdin = child.stdin.take().unwrap();
+        let (tx, reports) = channel::unbounded();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || forward_reports_of("D: ", stdout, tx));
+        DefaultOwner {
+            child,
+            stdin,
+            reports,
+        }
+    }
+
+    fn next(&self) -> String {
+        self.reports
+            .recv_timeout(REPORT_BOUND)
+            .expect("the first process reported nothing more")
+    }
+}
+
+impl Drop for DefaultOwner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn two_processes_with_the_default_owner_id_never_collide() {
+    let server = EtcdServer::start();
+    let endpoint = server.endpoint();
+    let open_default = || {
+        Engine::builder(Ledger)
+            .store(connect(&endpoint, DEFAULT_ROOT))
+            .pool_threads(1)
+            .open()
+    };
+    let assert_refused = |incarnation: u64| {
+        let err = open_default().expect_err("the owner id is live in the other process");
+        assert!(
+            matches!(&err, Error::OwnerLive { owner, incarnation: i, .. }
+                if owner == "default" && *i == incarnation),
+            "{err}"
+        );
+        assert_eq!(err.code(), 18);
+    };
+    // The first process serves; the second is refused while it lives.
+    let mut first = DefaultOwner::spawn(&endpoint);
+    assert_eq!(first.next(), "open 1");
+    assert_refused(1);
+    writeln!(first.stdin, "close").unwrap();
+    first.stdin.flush().unwrap();
+    assert_eq!(first.next(), "closed");
+    // Once it closed cleanly, the owner id is free at once, and nothing was taken for a crash.
+    let second = open_default().unwrap();
+    assert_eq!((second.incarnation(), second.unclean_previous()), (2, None));
+    assert_eq!(second.read(&account(0), |s| s.repairs.len()).unwrap(), 0);
+    second.close().unwrap();
+    // Killed, a process's lease stays live until it expires: still never taken for a crash.
+    let mut third = DefaultOwner::spawn(&endpoint);
+    assert_eq!(third.next(), "open 3");
+    third.child.kill().unwrap();
+    third.child.wait().unwrap();
+    assert_refused(3);
 }

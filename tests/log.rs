@@ -345,6 +345,103 @@ fn l2_visit_log_reports_a_gap_or_a_malformed_row_as_corrupt() {
     });
 }
 
+/// A record missing exactly where a page starts is `Corrupt` too, however the log is paged: a
+/// gap anywhere in the retained history is damage, not the end of a page (SPEC L2). Only the
+/// truncated prefix may be skipped: a read from before it starts at the first retained record,
+/// and that record missing is a gap like any other.
+#[test]
+fn l2_a_record_missing_at_a_page_boundary_is_corrupt() {
+    each_backend(|b| {
+        let s = &*b.store;
+        let p = part("boundary");
+        append_n(s, &p, 10);
+        let _ = s
+            .apply(&p, &Batch::new().delete(keys::record_key(5)))
+            .unwrap();
+        // The page before the gap ends cleanly and says where the next one starts.
+        let page = log::read_log(s, &p, 1, 4).unwrap();
+        assert_eq!(
+            (page.records.len(), page.next_seq),
+            (4, Some(5)),
+            "{}",
+            b.name
+        );
+        let want = "log record 5 is missing (found 6)";
+        let mut seen = Vec::new();
+        let lent = log::visit_log(s, &p, 5, 4, |r| {
+            seen.push(r.seq);
+            Ok::<(), Error>(())
+        });
+        for err in [log::read_log(s, &p, 5, 4).unwrap_err(), lent.unwrap_err()] {
+            match err {
+                Error::Corrupt { detail, .. } => assert_eq!(detail, want, "{}", b.name),
+                other => panic!("{}: {other}", b.name),
+            }
+        }
+        assert!(seen.is_empty(), "{}: the visitor saw {seen:?}", b.name);
+        // Paging through the whole log stops at the gap, whatever the page size.
+        for limit in [1, 2, 4] {
+            let mut from = Some(1);
+            let err = loop {
+                match log::read_log(s, &p, from.unwrap(), limit) {
+                    Ok(page) => from = page.next_seq,
+                    Err(e) => break e,
+                }
+                assert!(from.is_some(), "{}: paged past the gap at {limit}", b.name);
+            };
+            assert!(matches!(err, Error::Corrupt { .. }), "{}: {err}", b.name);
+        }
+        // The first record missing is a gap as well.
+        let first = part("boundary-first");
+        append_n(s, &first, 3);
+        let _ = s
+            .apply(&first, &Batch::new().delete(keys::record_key(1)))
+            .unwrap();
+        for from in [0, 1] {
+            assert!(
+                matches!(
+                    log::read_log(s, &first, from, 2),
+                    Err(Error::Corrupt { .. })
+                ),
+                "{}: from {from}",
+                b.name
+            );
+        }
+        // After truncation a read from before the first retained record starts there; that
+        // record missing is a gap.
+        let cut = part("boundary-truncated");
+        append_n(s, &cut, 20);
+        let head = log::read_head(s, &cut).unwrap();
+        let head = log::write_checkpoint(s, &cut, &head, 15, b"s".to_vec(), Batch::new())
+            .unwrap()
+            .committed()
+            .unwrap();
+        log::truncate_before(s, &cut, &head, 16)
+            .unwrap()
+            .committed()
+            .unwrap();
+        let page = log::read_log(s, &cut, 3, 2).unwrap();
+        let seqs: Vec<u64> = page.records.iter().map(|r| r.seq).collect();
+        assert_eq!(
+            (seqs, page.next_seq),
+            (vec![16, 17], Some(18)),
+            "{}",
+            b.name
+        );
+        let _ = s
+            .apply(&cut, &Batch::new().delete(keys::record_key(16)))
+            .unwrap();
+        for from in [3, 16] {
+            match log::read_log(s, &cut, from, 2).unwrap_err() {
+                Error::Corrupt { detail, .. } => {
+                    assert_eq!(detail, "log record 16 is missing (found 17)", "{}", b.name)
+                }
+                other => panic!("{}: {other}", b.name),
+            }
+        }
+    });
+}
+
 #[test]
 fn l3_checkpoint_then_replay_only_the_tail() {
     each_backend(|b| {

@@ -3,7 +3,9 @@
 //! record: no key, no buffer per value; the lending read allocates nothing per record.
 //!
 //! A counting global allocator (`stats_alloc`) counts allocations; the tests of this binary
-//! take turns (`ONE_AT_A_TIME`), so no other test's allocations blur the counts.
+//! take turns (`ONE_AT_A_TIME`), so no other test's allocations blur the counts, and a read's
+//! count is the fewest of three reads, since threads an earlier test left running (the rayon
+//! pool's workers starting) count too.
 
 use std::alloc::System;
 use std::path::Path;
@@ -41,8 +43,20 @@ fn fill(store: &dyn Store, p: &Partition) {
     }
 }
 
-/// Allocations made by reading the whole log in one page, and the records read.
+/// The fewest allocations any of three runs of `measure` counted. The counter is global: a
+/// thread another test of this binary left behind (the rayon pool starting its workers, a
+/// store's background job finishing) can allocate during one run, never during every one.
+fn fewest(measure: impl Fn() -> usize) -> usize {
+    (0..3).map(|_| measure()).min().expect("three runs")
+}
+
+/// Allocations made by reading the whole log in one page, and the records read (the fewest of
+/// three reads).
 fn allocations_of_one_page(store: &dyn Store, p: &Partition) -> usize {
+    fewest(|| allocations_of_one_read(store, p))
+}
+
+fn allocations_of_one_read(store: &dyn Store, p: &Partition) -> usize {
     let region = Region::new(GLOBAL);
     let page = log::read_log(store, p, 1, RECORDS).unwrap();
     let made = region.change().allocations;
@@ -86,8 +100,12 @@ fn a_log_page_allocates_each_payload_once_on_the_file_store() {
 }
 
 /// Allocations made by visiting the whole log in one page with the lending read, which
-/// checks every record it is lent.
+/// checks every record it is lent (the fewest of three reads).
 fn allocations_of_one_lent_page(store: &dyn Store, p: &Partition) -> usize {
+    fewest(|| allocations_of_one_lent_read(store, p))
+}
+
+fn allocations_of_one_lent_read(store: &dyn Store, p: &Partition) -> usize {
     let mut seqs = 0u64;
     let mut right = 0;
     let region = Region::new(GLOBAL);

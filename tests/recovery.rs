@@ -354,7 +354,7 @@ fn every_file_reads_magic_and_version_first() {
         // A later release's file: its preamble checks out, the rest is not this layout.
         let fs = written_after_keeper(true);
         let path = path_of(&fs);
-        damage(&fs, &path, |b| layout::set_preamble_version(b, 3));
+        damage(&fs, &path, |b| layout::set_preamble_version(b, 4));
         let before: Vec<_> = segments(&fs).iter().map(|s| fs.read_file(s)).collect();
         let opened = match builder(&fs).open() {
             Ok(store) if target == "first segment" => store
@@ -363,7 +363,7 @@ fn every_file_reads_magic_and_version_first() {
             other => other.map(|_| ()),
         };
         match opened {
-            Err(Error::UnsupportedVersion { found: 3, .. }) => {}
+            Err(Error::UnsupportedVersion { found: 4, .. }) => {}
             other => panic!("{target}: a newer version answered {other:?}"),
         }
         let after: Vec<_> = segments(&fs).iter().map(|s| fs.read_file(s)).collect();

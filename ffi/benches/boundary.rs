@@ -20,13 +20,14 @@ use criterion::Criterion;
 use portcullis::engine::Engine;
 use portcullis::{ApplyContext, EntityId, Rejection, StateMachine};
 use portcullis_ffi::engine::{
-    PC_REGISTER_ON_FIRST_WRITE, pc_engine, pc_engine_append, pc_engine_free, pc_engine_open,
-    pc_engine_options_directory, pc_engine_options_flag, pc_engine_options_free,
-    pc_engine_options_new, pc_engine_read, pc_slice,
+    pc_engine, pc_engine_append, pc_engine_free, pc_engine_open, pc_engine_read, pc_slice,
 };
-use portcullis_ffi::machine::{
-    pc_apply_context, pc_entity_view, pc_machine, pc_sink, pc_sink_write,
+use portcullis_ffi::machine::{pc_apply_context, pc_entity_view, pc_machine, pc_sink};
+use portcullis_ffi::options::{
+    PC_REGISTER_ON_FIRST_WRITE, pc_engine_options_directory, pc_engine_options_flag,
+    pc_engine_options_free, pc_engine_options_new,
 };
+use portcullis_ffi::outputs::pc_sink_write;
 use portcullis_ffi::{PC_OK, pc_bytes, pc_bytes_free};
 
 const NS: &CStr = c"bench";
@@ -44,8 +45,8 @@ impl StateMachine for Sum {
         *s += u64::from_le_bytes(bytes);
         Ok(())
     }
-    fn encode_checkpoint(&self, s: &u64) -> Vec<u8> {
-        s.to_le_bytes().to_vec()
+    fn encode_checkpoint(&self, s: &u64) -> Result<Vec<u8>, Rejection> {
+        Ok(s.to_le_bytes().to_vec())
     }
     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<u64, Rejection> {
         Ok(u64::from_le_bytes(
@@ -54,8 +55,14 @@ impl StateMachine for Sum {
     }
 }
 
-unsafe extern "C" fn c_fresh(_: *mut c_void, _: *const pc_entity_view) -> *mut c_void {
-    Box::into_raw(Box::new(0u64)).cast()
+unsafe extern "C" fn c_fresh(
+    _: *mut c_void,
+    _: *const pc_entity_view,
+    out: *mut *mut c_void,
+) -> u32 {
+    // SAFETY: a writable out-pointer.
+    unsafe { *out = Box::into_raw(Box::new(0u64)).cast() };
+    0
 }
 
 unsafe extern "C" fn c_apply(
@@ -76,11 +83,11 @@ unsafe extern "C" fn c_apply(
     0
 }
 
-unsafe extern "C" fn c_encode(_: *mut c_void, state: *const c_void, out: *mut pc_sink) {
+unsafe extern "C" fn c_encode(_: *mut c_void, state: *const c_void, out: *mut pc_sink) -> u32 {
     // SAFETY: a state fresh/decode returned, and the sink of this call.
     unsafe {
         let bytes = (*state.cast::<u64>()).to_le_bytes();
-        pc_sink_write(out, bytes.as_ptr(), 8);
+        pc_sink_write(out, bytes.as_ptr(), 8, std::ptr::null_mut())
     }
 }
 
@@ -121,6 +128,7 @@ impl CSide {
             .unwrap();
         let path = std::ffi::CString::new(dir.path().to_str().unwrap()).unwrap();
         let machine = pc_machine {
+            struct_size: std::mem::size_of::<pc_machine>(),
             user_data: std::ptr::null_mut(),
             fresh: Some(c_fresh),
             apply: Some(c_apply),
@@ -130,18 +138,26 @@ impl CSide {
             repair: None,
             free_state: Some(c_free),
             destroy: None,
+            check: None,
+            version: 0,
+            upcast_record: None,
+            upcast_checkpoint: None,
         };
         let mut engine = std::ptr::null_mut();
         // SAFETY: valid arguments; the options are freed after the open.
         unsafe {
             let mut options = std::ptr::null_mut();
-            assert_eq!(pc_engine_options_new(&mut options), PC_OK);
-            assert_eq!(pc_engine_options_directory(options, path.as_ptr()), PC_OK);
+            let none = std::ptr::null_mut();
+            assert_eq!(pc_engine_options_new(&mut options, none), PC_OK);
             assert_eq!(
-                pc_engine_options_flag(options, PC_REGISTER_ON_FIRST_WRITE, true),
+                pc_engine_options_directory(options, path.as_ptr(), none),
                 PC_OK
             );
-            assert_eq!(pc_engine_open(options, &machine, &mut engine), PC_OK);
+            assert_eq!(
+                pc_engine_options_flag(options, PC_REGISTER_ON_FIRST_WRITE, true, none),
+                PC_OK
+            );
+            assert_eq!(pc_engine_open(options, &machine, &mut engine, none), PC_OK);
             pc_engine_options_free(options);
         }
         CSide { engine, _dir: dir }
@@ -165,6 +181,7 @@ impl CSide {
                 1,
                 &mut first,
                 &mut last,
+                std::ptr::null_mut(),
             )
         };
         assert_eq!(code, PC_OK);
@@ -178,7 +195,14 @@ impl CSide {
         // SAFETY: a live engine, valid buffers; the bytes are freed below.
         unsafe {
             assert_eq!(
-                pc_engine_read(self.engine, NS.as_ptr(), ID.as_ptr(), ID.len(), &mut out),
+                pc_engine_read(
+                    self.engine,
+                    NS.as_ptr(),
+                    ID.as_ptr(),
+                    ID.len(),
+                    &mut out,
+                    std::ptr::null_mut()
+                ),
                 PC_OK
             );
             let v = u64::from_le_bytes(std::slice::from_raw_parts(out.data, 8).try_into().unwrap());
@@ -231,6 +255,7 @@ impl RustSide {
         let bytes = self
             .engine
             .read(&self.entity, |s| Sum.encode_checkpoint(s))
+            .unwrap()
             .unwrap();
         u64::from_le_bytes(bytes.try_into().unwrap())
     }

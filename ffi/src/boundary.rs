@@ -1,22 +1,33 @@
 //! The boundary every exported function runs inside: unwinding is caught and answered
-//! [`PC_PANIC`](crate::PC_PANIC), failures become stable codes with the calling thread's last
-//! error message, and raw arguments are checked (null pointers and bad lengths answer
-//! `InvalidArgument`) before any of them is dereferenced.
+//! [`PC_PANIC`](crate::PC_PANIC), a failure becomes a stable code, the calling thread's last
+//! error and (when the caller passed one) the caller's `pc_error`, and raw arguments are
+//! checked (null pointers, bad lengths, one pointer passed for two outputs) before any of them
+//! is dereferenced.
 //!
-//! Owns: the thread-local last error, [`pc_bytes`] and its free function, the error-name table,
-//! and the argument readers the other modules use.
+//! Owns: the thread-local last error and callback context, [`Fail`], [`pc_bytes`] and its free
+//! function, the error-name table, and the argument readers the other modules use.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{CStr, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use portcullis::Error;
 
-use crate::{PC_OK, PC_PANIC};
+use crate::error::{Record, pc_error};
+use crate::{PC_INVALID_ARGUMENT, PC_OK, PC_PANIC};
 
 thread_local! {
-    /// The message of the calling thread's last failed call.
-    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+    /// The calling thread's last failed call.
+    static LAST_ERROR: RefCell<Record> = RefCell::new(Record::ok());
+    /// How deep in exported functions this thread is (a callback calls `pc_sink_write` from
+    /// inside `pc_engine_read`): only the outermost call starts and ends a call's record.
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// The code of the last state machine callback that refused on this thread during the
+    /// outermost call (0: none).
+    static CALLBACK_CODE: Cell<u32> = const { Cell::new(0) };
+    /// Set while a state machine callback runs on this thread: the reason it gave with
+    /// `pc_refuse`, if any.
+    static CALLBACK_REASON: RefCell<Option<Option<String>>> = const { RefCell::new(None) };
 }
 
 #[cfg(test)]
@@ -24,54 +35,159 @@ thread_local! {
     /// A test-only switch (per thread, so parallel tests do not see it) that turns the panic
     /// catch off, so a test can show the boundary is what keeps a panic from crossing it (the
     /// negative control of [`boundary`]).
-    pub(crate) static CATCH_PANICS: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+    pub(crate) static CATCH_PANICS: Cell<bool> = const { Cell::new(true) };
 }
 
-fn set_last_error(message: String) {
-    LAST_ERROR.with(|last| *last.borrow_mut() = message);
+/// A failed call: its code, message and retry hint. Built from a library [`Error`] or by the
+/// boundary itself (a forked child's handle, an internal panic).
+#[derive(Debug)]
+pub(crate) struct Fail {
+    pub(crate) code: u32,
+    pub(crate) message: String,
+    pub(crate) retry_after_ms: u64,
 }
 
-/// Runs `body` as the body of an exported function: its error becomes the stable code (and
-/// the thread's last error message), a panic becomes [`PC_PANIC`]. Every exported function
-/// that returns a code calls this exactly once.
-pub(crate) fn boundary(body: impl FnOnce() -> Result<(), Error>) -> u32 {
-    #[cfg(test)]
-    if !CATCH_PANICS.with(std::cell::Cell::get) {
-        return match body() {
-            Ok(()) => PC_OK,
-            Err(e) => fail(e),
+impl From<Error> for Fail {
+    fn from(e: Error) -> Fail {
+        let retry_after_ms = match &e {
+            Error::Unavailable { retry_after_ms, .. } => *retry_after_ms,
+            _ => 0,
         };
-    }
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => PC_OK,
-        Ok(Err(e)) => fail(e),
-        Err(payload) => {
-            let what = payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_owned());
-            log::warn!("a panic was caught at the C boundary: {what}");
-            set_last_error(format!(
-                "internal panic caught at the C boundary ({what}); the call did not complete: \
-                 close the handle and report the bug"
-            ));
-            PC_PANIC
+        Fail {
+            code: e.code(),
+            message: e.to_string(),
+            retry_after_ms,
         }
     }
 }
 
+/// Records `fail` as the calling thread's last error (nothing during thread teardown, when the
+/// thread-local is gone) and in the caller's error object; returns its code.
+fn fail(f: Fail, err: *mut pc_error) -> u32 {
+    let callback_code = CALLBACK_CODE.try_with(Cell::get).unwrap_or(0);
+    let record = Record::new(f.code, f.message, f.retry_after_ms, callback_code);
+    // SAFETY: `err` is null or a live `pc_error` the caller owns, by every function's contract.
+    if let Some(e) = unsafe { err.as_mut() } {
+        e.record = record.clone();
+    }
+    let code = record.code;
+    let _ = LAST_ERROR.try_with(|last| *last.borrow_mut() = record);
+    code
+}
+
+/// Runs `body` as the body of an exported function: its error becomes the stable code (and the
+/// thread's last error, and `*err` when `err` is not null), a panic becomes [`PC_PANIC`]. On
+/// success `*err` is reset to `PC_OK`. Every exported function that returns a code calls this
+/// exactly once.
+pub(crate) fn boundary<E: Into<Fail>>(
+    err: *mut pc_error,
+    body: impl FnOnce() -> Result<(), E>,
+) -> u32 {
+    let depth = DEPTH.try_with(|d| d.replace(d.get() + 1)).unwrap_or(1);
+    if depth == 0 {
+        let _ = CALLBACK_CODE.try_with(|c| c.set(0));
+    }
+    let outcome = run(body);
+    let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+    match outcome {
+        Ok(()) => {
+            // SAFETY: as in `fail`.
+            if let Some(e) = unsafe { err.as_mut() } {
+                e.record = Record::ok();
+            }
+            PC_OK
+        }
+        Err(f) => fail(f, err),
+    }
+}
+
+fn run<E: Into<Fail>>(body: impl FnOnce() -> Result<(), E>) -> Result<(), Fail> {
+    #[cfg(test)]
+    if !CATCH_PANICS.with(Cell::get) {
+        return body().map_err(Into::into);
+    }
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(done) => done.map_err(Into::into),
+        Err(payload) => {
+            let what = panic_text(&*payload);
+            log::warn!("a panic was caught at the C boundary: {what}");
+            Err(Fail {
+                code: PC_PANIC,
+                message: format!(
+                    "internal panic caught at the C boundary ({what}); the call did not \
+                     complete: close the handle and report the bug"
+                ),
+                retry_after_ms: 0,
+            })
+        }
+    }
+}
+
+/// The text of a panic's payload.
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
 /// Runs a `void` function's body (a free or a setter that cannot fail), swallowing a panic.
 pub(crate) fn boundary_void(body: impl FnOnce()) {
-    let _ = boundary(|| {
+    let _ = boundary(std::ptr::null_mut(), || {
         body();
-        Ok(())
+        Ok::<(), Error>(())
     });
 }
 
-fn fail(e: Error) -> u32 {
-    set_last_error(e.to_string());
-    e.code()
+/// Runs a state machine callback on this thread: `pc_refuse` works inside it, and a refusal
+/// (a non-zero code) is remembered as the call's callback code. Returns the code and the
+/// reason the callback gave, if any.
+pub(crate) fn callback(call: impl FnOnce() -> u32) -> (u32, Option<String>) {
+    let outer = CALLBACK_REASON
+        .try_with(|r| r.borrow_mut().replace(None))
+        .ok()
+        .flatten();
+    let code = call();
+    let reason = CALLBACK_REASON
+        .try_with(|r| std::mem::replace(&mut *r.borrow_mut(), outer))
+        .ok()
+        .flatten()
+        .flatten();
+    if code != 0 {
+        let _ = CALLBACK_CODE.try_with(|c| c.set(code));
+    }
+    (code, reason)
+}
+
+/// Records `code` as the call's callback code, for a refusal the library makes on a callback's
+/// behalf (bytes of a version the machine does not read).
+pub(crate) fn set_callback_code(code: u32) {
+    let _ = CALLBACK_CODE.try_with(|c| c.set(code));
+}
+
+/// Gives the reason of the refusal the running callback is about to return; `Err` outside a
+/// callback.
+pub(crate) fn set_callback_reason(reason: &str) -> Result<(), Error> {
+    CALLBACK_REASON
+        .try_with(|r| match r.borrow_mut().as_mut() {
+            Some(slot) => {
+                *slot = Some(reason.to_owned());
+                Ok(())
+            }
+            None => Err(invalid(
+                "pc_refuse",
+                "was called outside a state machine callback",
+            )),
+        })
+        .unwrap_or_else(|_| Err(invalid("pc_refuse", "was called during thread teardown")))
+}
+
+/// The calling thread's last error record (for `pc_error_last`).
+pub(crate) fn last_error() -> Record {
+    LAST_ERROR
+        .try_with(|last| last.borrow().clone())
+        .unwrap_or_else(|_| Record::ok())
 }
 
 /// `InvalidArgument` naming the argument.
@@ -97,14 +213,55 @@ pub(crate) unsafe fn arg_mut<'a, T>(ptr: *mut T, what: &str) -> Result<&'a mut T
     unsafe { ptr.as_mut() }.ok_or_else(|| invalid(what, "is a null pointer"))
 }
 
-/// Writes an out-parameter, refusing null. Out-parameters are written only on success, so
-/// callers check every pointer (with [`out_ptr`]) before doing any work.
+/// An out-parameter: checked non-null, written only through [`Out::set`] (no reference to the
+/// caller's memory is made), so two outputs that overlap are refused by [`distinct`] rather
+/// than becoming two mutable references to one place.
+pub(crate) struct Out<T> {
+    ptr: *mut T,
+}
+
+impl<T> Out<T> {
+    /// Writes the value (dropping nothing: the caller's memory holds no Rust value).
+    pub(crate) fn set(&self, value: T) {
+        // SAFETY: checked non-null in `out_ptr`; the caller promises it is writable.
+        unsafe { self.ptr.write(value) }
+    }
+
+    fn span(&self) -> (usize, usize) {
+        (self.ptr as usize, std::mem::size_of::<T>())
+    }
+}
+
+/// Checks an out-parameter is not null. Out-parameters are written only on success, so
+/// callers check every pointer before doing any work.
 ///
 /// # Safety
-/// `ptr` is null or valid for a write of `T`.
-pub(crate) unsafe fn out_ptr<'a, T>(ptr: *mut T, what: &str) -> Result<&'a mut T, Error> {
-    // SAFETY: the caller promises a writable `T` or null; null is refused.
-    unsafe { ptr.as_mut() }.ok_or_else(|| invalid(what, "is a null out-pointer"))
+/// `ptr` is null or valid for a write of `T` during the call.
+pub(crate) unsafe fn out_ptr<T>(ptr: *mut T, what: &str) -> Result<Out<T>, Error> {
+    if ptr.is_null() {
+        return Err(invalid(what, "is a null out-pointer"));
+    }
+    Ok(Out { ptr })
+}
+
+/// Refuses out-parameters that overlap (one pointer passed for two outputs).
+pub(crate) fn distinct(outs: &[(&str, (usize, usize))]) -> Result<(), Error> {
+    for (i, (a, (pa, la))) in outs.iter().enumerate() {
+        for (b, (pb, lb)) in &outs[i + 1..] {
+            if pa < &(pb + lb) && pb < &(pa + la) {
+                return Err(invalid(
+                    &format!("{a} and {b}"),
+                    "overlap: pass a separate variable for each output",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The span of an out-parameter, for [`distinct`].
+pub(crate) fn span<T>(out: &Out<T>) -> (usize, usize) {
+    out.span()
 }
 
 /// Borrows `(ptr, len)` as bytes. A null `ptr` is accepted only with `len == 0`; a length
@@ -130,7 +287,8 @@ pub(crate) unsafe fn bytes<'a>(ptr: *const u8, len: usize, what: &str) -> Result
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
-/// Borrows `(ptr, len)` as bytes, or `None` when `ptr` is null (an absent optional buffer).
+/// Borrows `(ptr, len)` as bytes, or `None` for an absent optional buffer: a null `ptr` with
+/// length 0. A null `ptr` with a non-zero length is refused like any other.
 ///
 /// # Safety
 /// As for [`bytes`].
@@ -139,7 +297,7 @@ pub(crate) unsafe fn opt_bytes<'a>(
     len: usize,
     what: &str,
 ) -> Result<Option<&'a [u8]>, Error> {
-    if ptr.is_null() {
+    if ptr.is_null() && len == 0 {
         return Ok(None);
     }
     // SAFETY: forwarded.
@@ -160,7 +318,7 @@ pub(crate) unsafe fn text<'a>(ptr: *const c_char, what: &str) -> Result<&'a str,
 }
 
 /// A byte buffer the library allocated and hands to the caller, who frees it with
-/// [`pc_bytes_free`]. `data` is null when `len` is 0.
+/// [`pc_bytes_free`]. `data` is null when `len` is 0. This struct never grows.
 #[repr(C)]
 #[derive(Debug)]
 pub struct pc_bytes {
@@ -213,7 +371,8 @@ pub unsafe extern "C" fn pc_bytes_free(bytes: *mut pc_bytes) {
 /// and truncated to `len - 1` bytes, and stores the message's full length (without the NUL)
 /// in `*written`, so `*written >= len` means it was truncated. With `buf == NULL` and
 /// `len == 0` it only reports the length. The message is empty if no call failed on this
-/// thread yet. Successful calls leave it unchanged.
+/// thread yet. Successful calls leave it unchanged. (A caller whose calls may move between
+/// threads passes a `pc_error` to each call instead.)
 ///
 /// Returns `PC_OK`, or `PC_INVALID_ARGUMENT` when `written` is null or `buf` is null with a
 /// non-zero `len` (the last error message is then unchanged).
@@ -228,26 +387,22 @@ pub unsafe extern "C" fn pc_last_error_message(
     written: *mut usize,
 ) -> u32 {
     // Not through `boundary`: a refusal here must not overwrite the message being asked for.
-    // SAFETY: null or writable, by the caller's promise.
-    let Some(written) = (unsafe { written.as_mut() }) else {
-        return crate::PC_INVALID_ARGUMENT;
-    };
-    if buf.is_null() && len != 0 {
-        return crate::PC_INVALID_ARGUMENT;
+    if written.is_null() || (buf.is_null() && len != 0) {
+        return PC_INVALID_ARGUMENT;
     }
-    LAST_ERROR.with(|last| {
-        let last = last.borrow();
-        *written = last.len();
-        if len > 0 {
-            let n = last.len().min(len - 1);
-            // SAFETY: `buf` is valid for `len > n` bytes by the caller's promise, and the
-            // message is a separate allocation.
-            unsafe {
-                std::ptr::copy_nonoverlapping(last.as_ptr(), buf.cast::<u8>(), n);
-                *buf.add(n) = 0;
-            }
+    let last = last_error();
+    let message = last.message.as_bytes();
+    // SAFETY: non-null and writable by the caller's promise.
+    unsafe { written.write(message.len()) };
+    if len > 0 {
+        let n = message.len().min(len - 1);
+        // SAFETY: `buf` is valid for `len > n` bytes by the caller's promise, and the message
+        // is a separate allocation.
+        unsafe {
+            std::ptr::copy_nonoverlapping(message.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
         }
-    });
+    }
     PC_OK
 }
 
@@ -274,6 +429,9 @@ pub extern "C" fn pc_error_name(code: u32) -> *const c_char {
         13 => c"PC_WOULD_DEADLOCK",
         14 => c"PC_OUTCOME_UNKNOWN",
         15 => c"PC_NOT_SERVED",
+        16 => c"PC_EXHAUSTED",
+        17 => c"PC_REFUSED",
+        18 => c"PC_OWNER_LIVE",
         PC_PANIC => c"PC_PANIC",
         _ => c"PC_UNKNOWN",
     };
@@ -298,7 +456,9 @@ mod tests {
 
     #[test]
     fn a_panic_becomes_the_panic_code_with_a_message() {
-        let code = boundary(|| panic!("boom"));
+        let code = boundary(std::ptr::null_mut(), || -> Result<(), Error> {
+            panic!("boom")
+        });
         assert_eq!(code, PC_PANIC);
         assert!(last_message().contains("boom"), "{}", last_message());
     }
@@ -308,14 +468,20 @@ mod tests {
     #[test]
     fn without_the_catch_the_panic_escapes() {
         CATCH_PANICS.with(|c| c.set(false));
-        let escaped = std::panic::catch_unwind(|| boundary(|| panic!("boom")));
+        let escaped = std::panic::catch_unwind(|| {
+            boundary(std::ptr::null_mut(), || -> Result<(), Error> {
+                panic!("boom")
+            })
+        });
         CATCH_PANICS.with(|c| c.set(true));
         assert!(escaped.is_err(), "the panic must escape without the catch");
     }
 
     #[test]
     fn the_message_is_truncated_and_its_full_length_reported() {
-        let code = boundary(|| Err(Error::InvalidArgument("x".repeat(100))));
+        let code = boundary(std::ptr::null_mut(), || {
+            Err(Error::InvalidArgument("x".repeat(100)))
+        });
         assert_eq!(code, 1);
         let mut buf = [0x7f as c_char; 8];
         let mut written = 0usize;
@@ -338,7 +504,25 @@ mod tests {
             assert!(bytes(std::ptr::null(), 3, "key").is_err());
             assert_eq!(bytes(std::ptr::null(), 0, "key").unwrap(), &[] as &[u8]);
             assert!(bytes(std::ptr::dangling::<u8>(), usize::MAX, "key").is_err());
+            assert!(opt_bytes(std::ptr::null(), 3, "start").is_err());
+            assert_eq!(opt_bytes(std::ptr::null(), 0, "start").unwrap(), None);
         }
+    }
+
+    #[test]
+    fn overlapping_outputs_are_refused() {
+        let mut words = [0u64; 2];
+        let base = words.as_mut_ptr();
+        // SAFETY: pointers into a local array; nothing is written.
+        let (a, b, c) = unsafe {
+            (
+                out_ptr(base, "a").unwrap(),
+                out_ptr(base, "b").unwrap(),
+                out_ptr(base.add(1), "c").unwrap(),
+            )
+        };
+        assert!(distinct(&[("a", span(&a)), ("b", span(&b))]).is_err());
+        assert!(distinct(&[("a", span(&a)), ("c", span(&c))]).is_ok());
     }
 
     #[test]

@@ -1,81 +1,41 @@
-//! The engine through C (SPEC E2): options, open over a C state machine, register, read the
-//! state as bytes, write/append, defer, checkpoint, warm with progress, release, stats, close.
-//! Fencing calls are in [`crate::fencing`].
+//! The engine through C (SPEC E2): open over a C state machine, register, read the state as
+//! bytes or visit it, write/append, defer, checkpoint, release, close, free. Options are in
+//! [`crate::options`], the warm in [`crate::warm`], listing and history in
+//! [`crate::inspect`], fencing in [`crate::fencing`].
 //!
-//! Owns: the `pc_engine`, `pc_engine_options` and `pc_warm` handles.
+//! Owns: the `pc_engine` handle, the process generation it was opened in (a forked child
+//! never uses it, [`crate::fork`]), and the result structs of writes and deferrals.
 
 use std::ffi::{c_char, c_void};
-use std::sync::Arc;
-use std::time::Duration;
 
 use portcullis::engine::{Deferred, Engine};
-use portcullis::fence::FenceConfig;
-use portcullis::restore::{Warm, WarmProgress};
-use portcullis::store::SyncPolicy;
-use portcullis::{EntityId, Error, Namespace, SharedClock};
+use portcullis::restore::Rejection;
+use portcullis::{EntityId, Error, Namespace};
 
 use crate::boundary::{
-    arg, arg_mut, boundary, boundary_void, bytes, invalid, out_ptr, pc_bytes, text,
+    Fail, arg, boundary, boundary_void, bytes, distinct, invalid, opt_bytes, out_ptr, pc_bytes,
+    span, text,
 };
-use crate::machine::{CMachine, CState, pc_machine, pc_records};
-use crate::store::{pc_clock, pc_store, sync_policy};
+use crate::envelope::wrap;
+use crate::error::pc_error;
+use crate::machine::{CMachine, CState, no_unknown_fields, pc_machine, pc_records, read_machine};
+use crate::options::{open, pc_engine_options};
 
 /// An open engine over a C state machine. Any number of threads may share it.
 pub struct pc_engine {
     pub(crate) engine: Engine<CMachine>,
+    /// The machine's callbacks, for what crosses the boundary outside a callback: the version
+    /// envelope of records C writes and reads (declared after `engine`, so dropped after it).
+    pub(crate) machine: CMachine,
+    /// The process generation it was opened in.
+    pub(crate) generation: u64,
 }
 
-/// Options for `pc_engine_open`, reusable for several opens. One thread at a time.
-#[derive(Default)]
-pub struct pc_engine_options {
-    directory: Option<String>,
-    store: Option<Arc<dyn portcullis::store::Store>>,
-    clock: Option<SharedClock>,
-    sync: Option<SyncPolicy>,
-    owner: Option<String>,
-    own: Vec<(Namespace, bool)>,
-    adopt_on_first_use: Option<bool>,
-    register_on_first_write: Option<bool>,
-    pool_threads: Option<usize>,
-    warm_parallelism: Option<usize>,
-    checkpoint_every: Option<u64>,
-    checkpoint_tail_bound: Option<u64>,
-    truncate_after_checkpoint: Option<bool>,
-    warm_on_open: Option<bool>,
-    close_timeout_ms: Option<u64>,
-    sweep_expired_leases: Option<bool>,
-    sweep_interval_ms: Option<u64>,
-    fence: Option<FenceConfig>,
-}
-
-/// A running (or finished) warm: wait for it, stop it, read its progress. Any thread.
-pub struct pc_warm {
-    warm: Warm,
-}
-
-/// Where a warm stands (SPEC R6).
-#[repr(C)]
-#[derive(Debug, Default)]
-pub struct pc_warm_progress {
-    /// Entities restored (or found refused) so far.
-    pub done: u64,
-    /// Entities the warm set out to restore.
-    pub total: u64,
-    /// Entities whose restore was refused (contained).
-    pub refused: u64,
-    /// Milliseconds since the warm started.
-    pub elapsed_ms: u64,
-    /// Whether it ended.
-    pub finished: bool,
-    /// Whether it was stopped before the end.
-    pub stopped: bool,
-}
-
-/// What a write did.
+/// What a write did. This struct never grows.
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct pc_written {
-    /// Whether records were appended (false when the decision pushed none or refused).
+    /// Whether records were appended (false when the decision pushed none or declined).
     pub wrote: bool,
     /// The first and last sequence numbers appended, when `wrote`.
     pub first_seq: u64,
@@ -85,24 +45,26 @@ pub struct pc_written {
     pub decision: u32,
 }
 
+/// Where deferred work went (`pc_deferred.kind`).
+pub type pc_deferred_kind = u32;
 /// Deferred work (SPEC R8): queued for a pending entity.
-pub const PC_DEFERRED_QUEUED: u32 = 0;
+pub const PC_DEFERRED_QUEUED: pc_deferred_kind = 0x0501;
 /// Deferred work: a deferral with the same id was accepted before; nothing was written.
-pub const PC_DEFERRED_ALREADY_ACCEPTED: u32 = 1;
+pub const PC_DEFERRED_ALREADY_ACCEPTED: pc_deferred_kind = 0x0502;
 /// Deferred work: the entity was restored, so the record was appended at `seq`.
-pub const PC_DEFERRED_APPLIED: u32 = 2;
+pub const PC_DEFERRED_APPLIED: pc_deferred_kind = 0x0503;
 
-/// Where deferred work went.
+/// Where deferred work went. This struct never grows.
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct pc_deferred {
     /// `PC_DEFERRED_QUEUED`, `PC_DEFERRED_ALREADY_ACCEPTED` or `PC_DEFERRED_APPLIED`.
-    pub kind: u32,
+    pub kind: pc_deferred_kind,
     /// For `PC_DEFERRED_APPLIED`: the record's sequence number.
     pub seq: u64,
 }
 
-/// A record given to `pc_engine_append`: `len` bytes at `data`.
+/// A record given to `pc_engine_append`: `len` bytes at `data`. This struct never grows.
 #[repr(C)]
 #[derive(Debug)]
 pub struct pc_slice {
@@ -113,12 +75,20 @@ pub struct pc_slice {
 }
 
 /// A write's decision: sees the entity's current state (read-only) and pushes the records to
-/// append to `out` with `pc_records_push`. Returning non-zero refuses the write: nothing is
-/// written, and the code comes back in `pc_written.decision`. Runs on the calling thread while
-/// the entity is held: it must not call the engine for the same entity.
+/// append to `out` with `pc_records_push`. Returning non-zero declines the write: nothing is
+/// written, and the code comes back in `pc_written.decision`. Calling
+/// `pc_records_refuse(out, reason)` refuses the command: `pc_engine_write` answers
+/// `PC_REFUSED` with the reason in its message, and nothing is written. Runs on the calling
+/// thread while the entity is held: it must not call the engine for the same entity, wait for
+/// the warm or close the engine (those answer `PC_WOULD_DEADLOCK`).
 pub type pc_decide_fn = Option<
     unsafe extern "C" fn(ctx: *mut c_void, state: *const c_void, out: *mut pc_records) -> u32,
 >;
+
+/// A visit (`pc_engine_visit`): reads the entity's current state in place (read-only) and
+/// returns a code that comes back in `*result`. Runs on the calling thread while the entity is
+/// held, with the same rules as a decision.
+pub type pc_visit_fn = Option<unsafe extern "C" fn(ctx: *mut c_void, state: *const c_void) -> u32>;
 
 pub(crate) fn entity(ns: *const c_char, id: *const u8, id_len: usize) -> Result<EntityId, Error> {
     // SAFETY: forwarded from the exported function's contract.
@@ -131,345 +101,60 @@ pub(crate) fn namespace(ns: *const c_char) -> Result<Namespace, Error> {
     Namespace::new(unsafe { text(ns, "namespace") }?)
 }
 
-/// Creates options with every default (no directory and no store yet: set one).
-///
-/// # Safety
-/// `out` writable. Thread safety: any thread; the options are then one thread's at a time.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_options_new(out: *mut *mut pc_engine_options) -> u32 {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let out = unsafe { out_ptr(out, "out") }?;
-        *out = Box::into_raw(Box::default());
-        Ok(())
-    })
+/// Borrows a live engine handle of this process (one opened before a fork answers
+/// `PC_CLOSED`).
+pub(crate) fn live<'a>(e: *const pc_engine) -> Result<&'a Engine<CMachine>, Fail> {
+    Ok(&handle(e)?.engine)
 }
 
-/// Frees options. Null is a no-op.
-///
-/// # Safety
-/// `options` null or from `pc_engine_options_new`, not used afterwards.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_options_free(options: *mut pc_engine_options) {
-    boundary_void(|| {
-        if !options.is_null() {
-            // SAFETY: from `Box::into_raw`, freed once.
-            drop(unsafe { Box::from_raw(options) });
-        }
-    });
+/// Borrows a live engine handle of this process, with its machine.
+pub(crate) fn handle<'a>(e: *const pc_engine) -> Result<&'a pc_engine, Fail> {
+    // SAFETY: every exported function's contract: `engine` null or live.
+    let handle = unsafe { arg(e, "engine") }?;
+    crate::fork::check(handle.generation, "engine")?;
+    Ok(handle)
 }
 
-fn set(
-    options: *mut pc_engine_options,
-    f: impl FnOnce(&mut pc_engine_options) -> Result<(), Error>,
-) -> u32 {
-    boundary(|| {
-        // SAFETY: every setter's contract: `options` live, one thread at a time.
-        f(unsafe { arg_mut(options, "options") }?)
-    })
-}
-
-/// Opens the file store in `dir` (created if missing). Either this or `pc_engine_options_store`.
-///
-/// # Safety
-/// `options` live; `dir` NUL-terminated. Thread safety: one thread at a time per options.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_options_directory(
-    options: *mut pc_engine_options,
-    dir: *const c_char,
-) -> u32 {
-    // SAFETY: the caller's contract.
-    set(options, |o| {
-        o.directory = Some(unsafe { text(dir, "dir") }?.to_owned());
-        Ok(())
-    })
-}
-
-/// Opens over an already open store (shared: several engines may share one, as owners).
-/// The engine keeps its own reference; the store handle may be freed before the engine.
-///
-/// # Safety
-/// `options`, `store` live. Thread safety: one thread at a time per options.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_options_store(
-    options: *mut pc_engine_options,
-    store: *const pc_store,
-) -> u32 {
-    // SAFETY: the caller's contract.
-    set(options, |o| {
-        o.store = Some(Arc::clone(&unsafe { arg(store, "store") }?.store));
-        Ok(())
-    })
-}
-
-/// The engine's clock (with a directory the store runs on it too; with a store it must be
-/// the store's clock).
-///
-/// # Safety
-/// `options`, `clock` live. Thread safety: one thread at a time per options.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_options_clock(
-    options: *mut pc_engine_options,
-    clock: *const pc_clock,
-) -> u32 {
-    // SAFETY: the caller's contract.
-    set(options, |o| {
-        o.clock = Some(unsafe { arg(clock, "clock") }?.shared());
-        Ok(())
-    })
-}
-
-/// The file store's sync policy (`PC_SYNC_*`), with a directory only.
-///
-/// # Safety
-/// `options` live. Thread safety: one thread at a time per options.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_options_sync_policy(
-    options: *mut pc_engine_options,
-    policy: u32,
-    interval_ms: u64,
-) -> u32 {
-    set(options, |o| {
-        o.sync = Some(sync_policy(policy, interval_ms)?);
-        Ok(())
-    })
-}
-
-/// The owner id (SPEC F11; engines sharing a store need distinct ids). Default `"default"`.
-///
-/// # Safety
-/// `options` live; `owner` NUL-terminated. Thread safety: one thread at a time per options.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_options_owner(
-    options: *mut pc_engine_options,
-    owner: *const c_char,
-) -> u32 {
-    // SAFETY: the caller's contract.
-    set(options, |o| {
-        o.owner = Some(unsafe { text(owner, "owner") }?.to_owned());
-        Ok(())
-    })
-}
-
-/// Adopts namespace `ns` at open, fenced (`unfenced` false) or unfenced. May be repeated.
-///
-/// # Safety
-/// `options` live; `ns` NUL-terminated. Thread safety: one thread at a time per options.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_options_own(
-    options: *mut pc_engine_options,
-    ns: *const c_char,
-    unfenced: bool,
-) -> u32 {
-    set(options, |o| {
-        o.own.push((namespace(ns)?, unfenced));
-        Ok(())
-    })
-}
-
-/// Flag (`pc_engine_options_flag`): the first call on a namespace nobody holds adopts it
-/// (default true).
-pub const PC_ADOPT_ON_FIRST_USE: u32 = 0;
-/// Flag: a write to an unregistered entity registers it (default false).
-pub const PC_REGISTER_ON_FIRST_WRITE: u32 = 1;
-/// Flag: `pc_engine_checkpoint` also truncates the history it covers (default false).
-pub const PC_TRUNCATE_AFTER_CHECKPOINT: u32 = 2;
-/// Flag: opening starts a background warm (default false).
-pub const PC_WARM_ON_OPEN: u32 = 3;
-/// Flag: a sweeper thread deletes expired leased-shard rows of the namespaces this engine
-/// serves (SPEC F9; default true).
-pub const PC_SWEEP_EXPIRED_LEASES: u32 = 4;
-
-/// Sets a boolean option (`PC_ADOPT_ON_FIRST_USE` ...); an unknown flag answers `PC_INVALID_ARGUMENT`.
-///
-/// # Safety
-/// `options` live. Thread safety: one thread at a time per options.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_options_flag(
-    options: *mut pc_engine_options,
-    flag: u32,
-    on: bool,
-) -> u32 {
-    set(options, |o| {
-        let slot = match flag {
-            PC_ADOPT_ON_FIRST_USE => &mut o.adopt_on_first_use,
-            PC_REGISTER_ON_FIRST_WRITE => &mut o.register_on_first_write,
-            PC_TRUNCATE_AFTER_CHECKPOINT => &mut o.truncate_after_checkpoint,
-            PC_WARM_ON_OPEN => &mut o.warm_on_open,
-            PC_SWEEP_EXPIRED_LEASES => &mut o.sweep_expired_leases,
-            other => return Err(invalid("flag", &format!("{other} is not a PC_* flag"))),
-        };
-        *slot = Some(on);
-        Ok(())
-    })
-}
-
-/// Number (`pc_engine_options_number`): threads in the engine's pool (default: the cores
-/// available).
-pub const PC_POOL_THREADS: u32 = 0;
-/// Number: entities a warm restores at once (default 4).
-pub const PC_WARM_PARALLELISM: u32 = 1;
-/// Number: a checkpoint whenever a write leaves this many records after the newest (default
-/// none).
-pub const PC_CHECKPOINT_EVERY: u32 = 2;
-/// Number: a restore that folds more records than this publishes a checkpoint (default 10,000).
-pub const PC_CHECKPOINT_TAIL_BOUND: u32 = 3;
-/// Number: how long close waits for the warm, drivers and calls in flight, in ms (default
-/// 30,000).
-pub const PC_CLOSE_TIMEOUT_MS: u32 = 4;
-/// Number: how often the lease sweeper runs, in ms (at least 1).
-pub const PC_SWEEP_INTERVAL_MS: u32 = 5;
-
-/// Sets a numeric option (`PC_POOL_THREADS` ...); zero where at least 1 is needed is refused by
-/// `pc_engine_open`; an unknown option answers `PC_INVALID_ARGUMENT`.
-///
-/// # Safety
-/// `options` live. Thread safety: one thread at a time per options.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_options_number(
-    options: *mut pc_engine_options,
-    option: u32,
-    value: u64,
-) -> u32 {
-    set(options, |o| {
-        let size = || usize::try_from(value).map_err(|_| invalid("value", "does not fit a size_t"));
-        match option {
-            PC_POOL_THREADS => o.pool_threads = Some(size()?),
-            PC_WARM_PARALLELISM => o.warm_parallelism = Some(size()?),
-            PC_CHECKPOINT_EVERY => o.checkpoint_every = Some(value),
-            PC_CHECKPOINT_TAIL_BOUND => o.checkpoint_tail_bound = Some(value),
-            PC_CLOSE_TIMEOUT_MS => o.close_timeout_ms = Some(value),
-            PC_SWEEP_INTERVAL_MS => o.sweep_interval_ms = Some(value),
-            other => {
-                return Err(invalid(
-                    "option",
-                    &format!("{other} is not a PC_* number option"),
-                ));
-            }
-        }
-        Ok(())
-    })
-}
-
-/// Epoch fencing parameters (SPEC F), in ms. Refused (`PC_INVALID_ARGUMENT`) unless
-/// `lease_margin_ms > 0` and `epoch_lease_ms > lease_margin_ms + min_lease_budget_ms`.
-///
-/// # Safety
-/// `options` live. Thread safety: one thread at a time per options.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_options_fence(
-    options: *mut pc_engine_options,
-    epoch_lease_ms: u64,
-    lease_margin_ms: u64,
-    min_lease_budget_ms: u64,
-    max_apply_window_ms: u64,
-) -> u32 {
-    set(options, |o| {
-        let config = FenceConfig::builder()
-            .epoch_lease_ms(epoch_lease_ms)
-            .lease_margin_ms(lease_margin_ms)
-            .min_lease_budget_ms(min_lease_budget_ms)
-            .max_apply_window_ms(max_apply_window_ms)
-            .build()?;
-        o.fence = Some(config);
-        Ok(())
-    })
-}
-
-fn open(o: &pc_engine_options, machine: CMachine) -> Result<Engine<CMachine>, Error> {
-    let mut b = Engine::builder(machine);
-    if let Some(dir) = &o.directory {
-        b = b.directory(dir);
-    }
-    if let Some(store) = &o.store {
-        b = b.store(Arc::clone(store));
-    }
-    if let Some(clock) = &o.clock {
-        b = b.clock(Arc::clone(clock));
-    }
-    if let Some(policy) = o.sync {
-        b = b.sync_policy(policy);
-    }
-    if let Some(owner) = &o.owner {
-        b = b.owner(owner.clone());
-    }
-    for (ns, unfenced) in &o.own {
-        b = if *unfenced {
-            b.own_unfenced(ns.clone())
-        } else {
-            b.own(ns.clone())
-        };
-    }
-    if let Some(v) = o.adopt_on_first_use {
-        b = b.adopt_on_first_use(v);
-    }
-    if let Some(v) = o.register_on_first_write {
-        b = b.register_on_first_write(v);
-    }
-    if let Some(v) = o.truncate_after_checkpoint {
-        b = b.truncate_after_checkpoint(v);
-    }
-    if let Some(v) = o.warm_on_open {
-        b = b.warm_on_open(v);
-    }
-    if let Some(v) = o.pool_threads {
-        b = b.pool_threads(v);
-    }
-    if let Some(v) = o.warm_parallelism {
-        b = b.warm_parallelism(v);
-    }
-    if let Some(v) = o.checkpoint_every {
-        b = b.checkpoint_every(v);
-    }
-    if let Some(v) = o.checkpoint_tail_bound {
-        b = b.checkpoint_tail_bound(v);
-    }
-    if let Some(ms) = o.close_timeout_ms {
-        b = b.close_timeout(Duration::from_millis(ms));
-    }
-    if let Some(v) = o.sweep_expired_leases {
-        b = b.sweep_expired_leases(v);
-    }
-    if let Some(ms) = o.sweep_interval_ms {
-        b = b.sweep_interval(Duration::from_millis(ms));
-    }
-    if let Some(config) = o.fence {
-        b = b.fence_config(config);
-    }
-    b.open()
-}
-
-/// Opens an engine with `options` over the C state machine `machine` (copied; its
-/// `user_data` now belongs to the engine). Returns at once: entities restore on first touch.
+/// Opens an engine with `options` over the C state machine `machine` (copied: the library
+/// reads `machine->struct_size` bytes; its `user_data` now belongs to the engine). Returns at
+/// once: entities restore on first touch.
 ///
 /// `machine->destroy` runs exactly once: when the engine is freed, or before this returns if
-/// opening fails for any reason (including a null `options` or `out`). With a null `machine`
-/// nothing is called.
+/// opening fails for any reason (including a null `options` or `out`, a missing callback, or
+/// fields this library does not know). With a null `machine`, or a `struct_size` below the
+/// oldest `pc_machine` (nothing in it is trusted), nothing is called.
 ///
 /// # Safety
-/// `options` and `machine` live, `out` writable. Thread safety: any thread.
+/// `options` live, `machine` null or readable for its `struct_size`, `out` writable.
+/// Thread safety: any thread.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pc_engine_open(
     options: *const pc_engine_options,
     machine: *const pc_machine,
     out: *mut *mut pc_engine,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
+        if machine.is_null() {
+            return Err(invalid("machine", "is a null pointer").into());
+        }
         // SAFETY: the caller's contract. The machine is taken first, so its destroy runs on
         // every failure below.
-        let machine = CMachine::new(*unsafe { arg(machine, "machine") }?)?;
+        let taken = CMachine::new(unsafe { read_machine(machine) }?)?;
+        // SAFETY: `read_machine` accepted it.
+        unsafe { no_unknown_fields(machine) }?;
+        let machine = taken;
         // SAFETY: the caller's contract.
         let (options, out) = unsafe { (arg(options, "options")?, out_ptr(out, "out")?) };
+        let shared = machine.clone();
         let engine = open(options, machine)?;
-        *out = Box::into_raw(Box::new(pc_engine { engine }));
-        Ok(())
+        out.set(Box::into_raw(Box::new(pc_engine {
+            engine,
+            machine: shared,
+            generation: crate::fork::generation(),
+        })));
+        Ok::<(), Fail>(())
     })
-}
-
-/// Borrows a live engine handle.
-pub(crate) fn live<'a>(e: *const pc_engine) -> Result<&'a Engine<CMachine>, Error> {
-    // SAFETY: every exported function's contract: `engine` null or live.
-    Ok(&unsafe { arg(e, "engine") }?.engine)
 }
 
 /// Closes the engine (SPEC R11): stops the warm and drivers, waits for calls in flight
@@ -480,12 +165,16 @@ pub(crate) fn live<'a>(e: *const pc_engine) -> Result<&'a Engine<CMachine>, Erro
 /// # Safety
 /// `engine` live. Thread safety: any thread.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_close(engine: *const pc_engine) -> u32 {
-    boundary(|| live(engine)?.close())
+pub unsafe extern "C" fn pc_engine_close(engine: *const pc_engine, err: *mut pc_error) -> u32 {
+    boundary(err, || Ok::<(), Fail>(live(engine)?.close()?))
 }
 
-/// Frees an engine, closing it first if needed (errors are logged), then frees every state
-/// and runs the machine's `destroy`. Null is a no-op.
+/// Frees an engine, closing it first if needed (errors are logged): every state is freed and
+/// the machine's `destroy` has run when this returns, also while `pc_warm` handles of this
+/// engine are alive (they then answer from what they knew and call nothing). After a close
+/// that timed out, a callback still running finishes first, and `destroy` runs after it on its
+/// thread. In a forked child the handle is only forgotten: nothing is closed or written. Null
+/// is a no-op.
 ///
 /// # Safety
 /// `engine` null or from `pc_engine_open`, not used afterwards, no call on it running.
@@ -493,9 +182,15 @@ pub unsafe extern "C" fn pc_engine_close(engine: *const pc_engine) -> u32 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pc_engine_free(engine: *mut pc_engine) {
     boundary_void(|| {
-        if !engine.is_null() {
-            // SAFETY: from `Box::into_raw`, freed once.
-            drop(unsafe { Box::from_raw(engine) });
+        if engine.is_null() {
+            return;
+        }
+        // SAFETY: from `Box::into_raw`, freed once.
+        let handle = unsafe { Box::from_raw(engine) };
+        if crate::fork::ours(handle.generation) {
+            drop(handle);
+        } else {
+            std::mem::forget(handle);
         }
     });
 }
@@ -511,17 +206,20 @@ pub unsafe extern "C" fn pc_engine_register(
     id: *const u8,
     id_len: usize,
     created: *mut bool,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let created = unsafe { out_ptr(created, "created") }?;
-        *created = live(engine)?.register(&entity(ns, id, id_len)?)?;
-        Ok(())
+        created.set(live(engine)?.register(&entity(ns, id, id_len)?)?);
+        Ok::<(), Fail>(())
     })
 }
 
 /// The entity's state as bytes (what the machine's `encode` writes), restoring it first if
-/// it is pending. Free `*state` with `pc_bytes_free`.
+/// it is pending (without an envelope, also for a machine with a `version`). Free `*state`
+/// with `pc_bytes_free`. An `encode` that refuses answers
+/// `PC_REFUSED` (to read the state without encoding it, use `pc_engine_visit`).
 ///
 /// # Safety
 /// As for `pc_engine_register`; `state` writable. Any thread.
@@ -532,18 +230,61 @@ pub unsafe extern "C" fn pc_engine_read(
     id: *const u8,
     id_len: usize,
     state: *mut pc_bytes,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let out = unsafe { out_ptr(state, "state") }?;
-        let bytes = live(engine)?.read(&entity(ns, id, id_len)?, CState::encode)?;
-        *out = pc_bytes::from_vec(bytes);
-        Ok(())
+        let who = entity(ns, id, id_len)?;
+        let encoded = live(engine)?.read(&who, CState::encode)?;
+        let bytes = encoded.map_err(|r| refused(&who, &r))?;
+        out.set(pc_bytes::from_vec(bytes));
+        Ok::<(), Fail>(())
     })
 }
 
-/// Appends `count` records as they are (SPEC L1), durably when this returns; `*first_seq` and
-/// `*last_seq` receive their sequence numbers. An empty list is refused.
+fn refused(entity: &EntityId, r: &Rejection) -> Error {
+    Error::Refused {
+        entity: entity.to_string(),
+        reason: format!("its state could not be read as bytes ({r})"),
+    }
+}
+
+/// Visits the entity's state in place (restoring it first if it is pending), without encoding
+/// it: `visit(ctx, state)` runs once on this thread, and what it returns comes back in
+/// `*result`. Cheaper than `pc_engine_read` when the caller only needs a field.
+///
+/// # Safety
+/// As for `pc_engine_register`; `visit` non-null; `result` writable. Any thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pc_engine_visit(
+    engine: *const pc_engine,
+    ns: *const c_char,
+    id: *const u8,
+    id_len: usize,
+    visit: pc_visit_fn,
+    ctx: *mut c_void,
+    result: *mut u32,
+    err: *mut pc_error,
+) -> u32 {
+    boundary(err, || {
+        // SAFETY: the caller's contract.
+        let result = unsafe { out_ptr(result, "result") }?;
+        let visit = visit.ok_or_else(|| invalid("visit", "is a null function pointer"))?;
+        let e = live(engine)?;
+        // SAFETY: the caller's visit with its context and a state valid for the call.
+        let code = e.read(&entity(ns, id, id_len)?, |s: &CState| unsafe {
+            visit(ctx, s.as_ptr())
+        })?;
+        result.set(code);
+        Ok::<(), Fail>(())
+    })
+}
+
+/// Appends `count` records as they are (SPEC L1; behind the version envelope when the
+/// machine has a `version`, SPEC E7), durably when this returns; `*first_seq` and
+/// `*last_seq` receive their sequence numbers. An empty list is refused, and so are
+/// `first_seq` and `last_seq` pointing to the same place.
 ///
 /// # Safety
 /// As for `pc_engine_register`; `records` readable for `count` slices. Any thread.
@@ -557,8 +298,9 @@ pub unsafe extern "C" fn pc_engine_append(
     count: usize,
     first_seq: *mut u64,
     last_seq: *mut u64,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let (first, last) = unsafe {
             (
@@ -566,11 +308,9 @@ pub unsafe extern "C" fn pc_engine_append(
                 out_ptr(last_seq, "last_seq")?,
             )
         };
+        distinct(&[("first_seq", span(&first)), ("last_seq", span(&last))])?;
         if count > isize::MAX as usize / std::mem::size_of::<pc_slice>() {
-            return Err(invalid(
-                "count",
-                &format!("{count} is an impossible length"),
-            ));
+            return Err(invalid("count", &format!("{count} is an impossible length")).into());
         }
         // SAFETY: `records` is readable for `count` slices (null only with 0).
         let slices: &[pc_slice] = if count == 0 {
@@ -578,20 +318,27 @@ pub unsafe extern "C" fn pc_engine_append(
         } else {
             unsafe { std::slice::from_raw_parts(arg(records, "records")?, count) }
         };
+        let h = handle(engine)?;
+        let version = h.machine.m().version;
         let mut owned = Vec::with_capacity(count);
         for (i, s) in slices.iter().enumerate() {
             // SAFETY: each slice's buffer as documented.
-            owned.push(unsafe { bytes(s.data, s.len, &format!("records[{i}]")) }?.to_vec());
+            let record = unsafe { bytes(s.data, s.len, &format!("records[{i}]")) }?;
+            owned.push(wrap(version, record.to_vec()));
         }
-        let seqs = live(engine)?.append(&entity(ns, id, id_len)?, owned)?;
-        (*first, *last) = (*seqs.start(), *seqs.end());
-        Ok(())
+        let seqs = h.engine.append(&entity(ns, id, id_len)?, owned)?;
+        first.set(*seqs.start());
+        last.set(*seqs.end());
+        Ok::<(), Fail>(())
     })
 }
 
 /// Decides records from the entity's current state and appends them (SPEC E2): `decide`
-/// runs once on this thread with the state, pushes records, and returns a code that comes
-/// back in `out->decision` (non-zero: nothing is written). Fenced like every write.
+/// runs once on this thread with the state, pushes records (stored behind the version envelope
+/// when the machine has a `version`), and returns a code that comes
+/// back in `out->decision` (non-zero: nothing is written). A decision that refuses the command
+/// with `pc_records_refuse` makes this answer `PC_REFUSED` with the reason in the message,
+/// and nothing is written (SPEC R12). Fenced like every write.
 ///
 /// # Safety
 /// As for `pc_engine_register`; `decide` non-null; `out` writable. Any thread.
@@ -604,35 +351,44 @@ pub unsafe extern "C" fn pc_engine_write(
     decide: pc_decide_fn,
     ctx: *mut c_void,
     out: *mut pc_written,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let out = unsafe { out_ptr(out, "out") }?;
         let decide = decide.ok_or_else(|| invalid("decide", "is a null function pointer"))?;
-        let written = live(engine)?.write(&entity(ns, id, id_len)?, |s: &CState| {
-            let mut records = pc_records::new();
+        let h = handle(engine)?;
+        let version = h.machine.m().version;
+        let written = h.engine.try_write(&entity(ns, id, id_len)?, |s: &CState| {
+            let mut records = pc_records::for_decision();
             // SAFETY: the caller's decide with its context, a state and an output valid for
             // the call.
             let code = unsafe { decide(ctx, s.as_ptr(), &mut records) };
-            if code == 0 {
-                (records.records, code)
+            if let Some(reason) = records.refusal {
+                return Err(Rejection::new(reason));
+            }
+            Ok(if code == 0 {
+                let records = records.records.into_iter();
+                (records.map(|r| wrap(version, r)).collect(), code)
             } else {
                 (Vec::new(), code)
-            }
+            })
         })?;
-        *out = pc_written {
+        out.set(pc_written {
             wrote: written.seqs.is_some(),
             first_seq: written.seqs.as_ref().map_or(0, |r| *r.start()),
             last_seq: written.seqs.as_ref().map_or(0, |r| *r.end()),
             decision: written.value,
-        };
-        Ok(())
+        });
+        Ok::<(), Fail>(())
     })
 }
 
 /// Defers `record` to the entity (SPEC R8): durable when accepted; queued without restoring
-/// a pending entity, appended to a restored one. With a non-null `dedup_id`, a second deferral
-/// with the same id is `PC_DEFERRED_ALREADY_ACCEPTED` and writes nothing.
+/// a pending entity, appended to a restored one (behind the version envelope when the machine
+/// has a `version`). With a `dedup_id` (`NULL, 0`: none), a
+/// second deferral with the same id is `PC_DEFERRED_ALREADY_ACCEPTED` and writes nothing. A
+/// null `dedup_id` with a non-zero length is refused.
 ///
 /// # Safety
 /// As for `pc_engine_register`; buffers as documented; `out` writable. Any thread.
@@ -647,22 +403,24 @@ pub unsafe extern "C" fn pc_engine_defer(
     record: *const u8,
     record_len: usize,
     out: *mut pc_deferred,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let (out, dedup, record) = unsafe {
             (
                 out_ptr(out, "out")?,
-                crate::boundary::opt_bytes(dedup_id, dedup_id_len, "dedup_id")?,
+                opt_bytes(dedup_id, dedup_id_len, "dedup_id")?,
                 bytes(record, record_len, "record")?,
             )
         };
-        let (e, ent) = (live(engine)?, entity(ns, id, id_len)?);
+        let (h, ent) = (handle(engine)?, entity(ns, id, id_len)?);
+        let record = wrap(h.machine.m().version, record.to_vec());
         let deferred = match dedup {
-            Some(d) => e.defer_once(&ent, d, record.to_vec())?,
-            None => e.defer(&ent, record.to_vec())?,
+            Some(d) => h.engine.defer_once(&ent, d, record)?,
+            None => h.engine.defer(&ent, record)?,
         };
-        *out = match deferred {
+        out.set(match deferred {
             Deferred::Queued => pc_deferred {
                 kind: PC_DEFERRED_QUEUED,
                 seq: 0,
@@ -675,12 +433,14 @@ pub unsafe extern "C" fn pc_engine_defer(
                 kind: PC_DEFERRED_APPLIED,
                 seq,
             },
-        };
-        Ok(())
+        });
+        Ok::<(), Fail>(())
     })
 }
 
 /// Publishes a checkpoint of the entity (SPEC L3); `*seq` is the sequence number it covers.
+/// An `encode` that refuses answers `PC_REFUSED`: nothing is published and the entity keeps
+/// serving.
 ///
 /// # Safety
 /// As for `pc_engine_register`; `seq` writable. Any thread.
@@ -691,12 +451,13 @@ pub unsafe extern "C" fn pc_engine_checkpoint(
     id: *const u8,
     id_len: usize,
     seq: *mut u64,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let seq = unsafe { out_ptr(seq, "seq") }?;
-        *seq = live(engine)?.checkpoint(&entity(ns, id, id_len)?)?;
-        Ok(())
+        seq.set(live(engine)?.checkpoint(&entity(ns, id, id_len)?)?);
+        Ok::<(), Fail>(())
     })
 }
 
@@ -712,101 +473,12 @@ pub unsafe extern "C" fn pc_engine_release(
     id: *const u8,
     id_len: usize,
     released: *mut bool,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let released = unsafe { out_ptr(released, "released") }?;
-        *released = live(engine)?.release(&entity(ns, id, id_len)?)?;
-        Ok(())
+        released.set(live(engine)?.release(&entity(ns, id, id_len)?)?);
+        Ok::<(), Fail>(())
     })
-}
-
-/// Starts (or joins) a background warm that restores every pending entity on the pool
-/// (SPEC R6). Free the handle with `pc_warm_free` (that does not stop the warm).
-///
-/// # Safety
-/// `engine` live; `out` writable. Any thread.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_engine_warm(engine: *const pc_engine, out: *mut *mut pc_warm) -> u32 {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let out = unsafe { out_ptr(out, "out") }?;
-        let warm = live(engine)?.warm()?;
-        *out = Box::into_raw(Box::new(pc_warm { warm }));
-        Ok(())
-    })
-}
-
-fn progress(p: WarmProgress) -> pc_warm_progress {
-    pc_warm_progress {
-        done: p.done,
-        total: p.total,
-        refused: p.refused,
-        elapsed_ms: u64::try_from(p.elapsed.as_millis()).unwrap_or(u64::MAX),
-        finished: p.finished,
-        stopped: p.stopped,
-    }
-}
-
-/// Where the warm stands now.
-///
-/// # Safety
-/// `warm` live; `out` writable. Any thread.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_warm_get_progress(
-    warm: *const pc_warm,
-    out: *mut pc_warm_progress,
-) -> u32 {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (warm, out) = unsafe { (arg(warm, "warm")?, out_ptr(out, "out")?) };
-        *out = progress(warm.warm.progress());
-        Ok(())
-    })
-}
-
-/// Waits until the warm ends, at most `timeout_ms`; `*finished` says whether it did. Never
-/// wait from a state machine callback: the warm may be waiting for it.
-///
-/// # Safety
-/// `warm` live; `finished` writable. Any thread.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_warm_wait(
-    warm: *const pc_warm,
-    timeout_ms: u64,
-    finished: *mut bool,
-) -> u32 {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let (warm, finished) = unsafe { (arg(warm, "warm")?, out_ptr(finished, "finished")?) };
-        *finished = warm.warm.wait_timeout(Duration::from_millis(timeout_ms));
-        Ok(())
-    })
-}
-
-/// Asks the warm to stop after the restores it is running.
-///
-/// # Safety
-/// `warm` live. Any thread.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_warm_stop(warm: *const pc_warm) -> u32 {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        unsafe { arg(warm, "warm") }?.warm.stop();
-        Ok(())
-    })
-}
-
-/// Frees a warm handle (the warm itself runs on). Null is a no-op.
-///
-/// # Safety
-/// `warm` null or from `pc_engine_warm`, not used afterwards.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_warm_free(warm: *mut pc_warm) {
-    boundary_void(|| {
-        if !warm.is_null() {
-            // SAFETY: from `Box::into_raw`, freed once.
-            drop(unsafe { Box::from_raw(warm) });
-        }
-    });
 }

@@ -10,10 +10,11 @@ use std::time::Duration;
 use portcullis::Error;
 use portcullis::fence::{DriverLimits, RevokeBudget, RevokeProgress};
 
-use crate::boundary::{boundary, out_ptr};
+use crate::boundary::{Fail, boundary, out_ptr};
 use crate::engine::{live, namespace, pc_engine};
+use crate::error::pc_error;
 
-/// What a revocation slice found (SPEC F5).
+/// What a revocation slice found (SPEC F5). This struct never grows.
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct pc_revoke_progress {
@@ -33,12 +34,13 @@ pub unsafe extern "C" fn pc_engine_own(
     engine: *const pc_engine,
     ns: *const c_char,
     grant: *mut u64,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let grant = unsafe { out_ptr(grant, "grant") }?;
-        *grant = live(engine)?.own(&namespace(ns)?)?;
-        Ok(())
+        grant.set(live(engine)?.own(&namespace(ns)?)?);
+        Ok::<(), Fail>(())
     })
 }
 
@@ -51,8 +53,11 @@ pub unsafe extern "C" fn pc_engine_own(
 pub unsafe extern "C" fn pc_engine_release_namespace(
     engine: *const pc_engine,
     ns: *const c_char,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| live(engine)?.release_namespace(&namespace(ns)?))
+    boundary(err, || {
+        Ok::<(), Fail>(live(engine)?.release_namespace(&namespace(ns)?)?)
+    })
 }
 
 /// The namespace's current epoch (0 if it was never bumped).
@@ -64,12 +69,13 @@ pub unsafe extern "C" fn pc_engine_current_epoch(
     engine: *const pc_engine,
     ns: *const c_char,
     epoch: *mut u64,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let epoch = unsafe { out_ptr(epoch, "epoch") }?;
-        *epoch = live(engine)?.current_epoch(&namespace(ns)?)?;
-        Ok(())
+        epoch.set(live(engine)?.current_epoch(&namespace(ns)?)?);
+        Ok::<(), Fail>(())
     })
 }
 
@@ -83,8 +89,11 @@ pub unsafe extern "C" fn pc_engine_bump_epoch(
     engine: *const pc_engine,
     ns: *const c_char,
     new_epoch: u64,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| live(engine)?.bump_epoch(&namespace(ns)?, new_epoch))
+    boundary(err, || {
+        Ok::<(), Fail>(live(engine)?.bump_epoch(&namespace(ns)?, new_epoch)?)
+    })
 }
 
 /// Runs one bounded revocation slice (SPEC F4) with a time budget of `budget_ms` (at least 1).
@@ -97,12 +106,13 @@ pub unsafe extern "C" fn pc_engine_revoke_step(
     ns: *const c_char,
     budget_ms: u64,
     out: *mut pc_revoke_progress,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let out = unsafe { out_ptr(out, "out") }?;
         let budget = RevokeBudget::default().with_time_ms(budget_ms);
-        *out = match live(engine)?.revoke_step(&namespace(ns)?, budget)? {
+        out.set(match live(engine)?.revoke_step(&namespace(ns)?, budget)? {
             RevokeProgress::Complete => pc_revoke_progress {
                 complete: true,
                 remaining: 0,
@@ -111,8 +121,8 @@ pub unsafe extern "C" fn pc_engine_revoke_step(
                 complete: false,
                 remaining,
             },
-        };
-        Ok(())
+        });
+        Ok::<(), Fail>(())
     })
 }
 
@@ -129,8 +139,9 @@ pub unsafe extern "C" fn pc_engine_revoke_to_completion(
     ns: *const c_char,
     timeout_ms: u64,
     slices: *mut u64,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let slices = unsafe { out_ptr(slices, "slices") }?;
         let e = live(engine)?;
@@ -141,22 +152,22 @@ pub unsafe extern "C" fn pc_engine_revoke_to_completion(
             Some(report) => report?,
             None => {
                 handle.cancel();
-                return Err(Error::Unavailable {
+                return Err(Fail::from(Error::Unavailable {
                     reason: format!(
                         "revocation did not complete within {timeout_ms} ms and was cancelled"
                     ),
                     retry_after_ms: timeout_ms.max(1),
-                });
+                }));
             }
         };
         if !report.complete {
-            return Err(Error::Unavailable {
+            return Err(Fail::from(Error::Unavailable {
                 reason: "revocation was cancelled before it completed".to_owned(),
                 retry_after_ms: 1,
-            });
+            }));
         }
-        *slices = report.slices;
-        Ok(())
+        slices.set(report.slices);
+        Ok::<(), Fail>(())
     })
 }
 
@@ -169,6 +180,9 @@ pub unsafe extern "C" fn pc_engine_revoke_to_completion(
 pub unsafe extern "C" fn pc_engine_mark_recovered(
     engine: *const pc_engine,
     ns: *const c_char,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| live(engine)?.mark_lease_table_recovered(&namespace(ns)?))
+    boundary(err, || {
+        Ok::<(), Fail>(live(engine)?.mark_lease_table_recovered(&namespace(ns)?)?)
+    })
 }

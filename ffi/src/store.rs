@@ -1,35 +1,44 @@
 //! The store through C (SPEC S1, S2): open a file or memory store, point reads, scans with a
 //! cursor, and guarded batches; plus the manual clock tests inject (SPEC E4).
 //!
-//! Owns: the `pc_store`, `pc_batch`, `pc_scan_page` and `pc_clock` handles.
+//! Owns: the `pc_store`, `pc_scan_page` and `pc_clock` handles (batches are built in
+//! [`crate::batch`]). A store handle
+//! records the process generation it was opened in: a forked child never uses it
+//! ([`crate::fork`]).
 
 use std::ffi::c_char;
 use std::ops::Bound;
 use std::sync::Arc;
 
 use portcullis::store::{
-    Batch, Cursor, FileStore, KeyRange, MemoryStore, Outcome, Partition, ScanPage, Store,
-    SyncPolicy,
+    Cursor, FileStore, KeyRange, MemoryStore, Outcome, Partition, ScanPage, Store, SyncPolicy,
 };
 use portcullis::{Error, ManualClock, SharedClock};
 
+use crate::batch::pc_batch;
 use crate::boundary::{
-    arg, arg_mut, boundary, boundary_void, bytes, invalid, opt_bytes, out_ptr, pc_bytes, text,
+    Fail, arg, boundary, boundary_void, bytes, distinct, invalid, opt_bytes, out_ptr, pc_bytes,
+    span, text,
 };
+use crate::error::pc_error;
 
+/// A sync policy (`pc_store_open_file`, `pc_engine_options_sync_policy`).
+pub type pc_sync_policy = u32;
 /// Sync policy: a commit returns once it is on stable storage (the default, SPEC S3).
-pub const PC_SYNC_EVERY_COMMIT: u32 = 0;
+pub const PC_SYNC_EVERY_COMMIT: pc_sync_policy = 0x0101;
 /// Sync policy: synced every `interval_ms`; a machine crash may lose that much.
-pub const PC_SYNC_PERIODIC_MAY_LOSE_RECENT: u32 = 1;
+pub const PC_SYNC_PERIODIC_MAY_LOSE_RECENT: pc_sync_policy = 0x0102;
 /// Sync policy: synced only at close and snapshots; a machine crash may lose anything since.
-pub const PC_SYNC_NEVER_MAY_LOSE_RECENT: u32 = 2;
+pub const PC_SYNC_NEVER_MAY_LOSE_RECENT: pc_sync_policy = 0x0103;
 
+/// What became of a batch (`pc_outcome.kind`).
+pub type pc_outcome_kind = u32;
 /// Outcome kind: the batch committed.
-pub const PC_OUTCOME_COMMITTED: u32 = 0;
+pub const PC_OUTCOME_COMMITTED: pc_outcome_kind = 0x0401;
 /// Outcome kind: the precondition at `index` did not hold; nothing changed.
-pub const PC_OUTCOME_PRECONDITION_FAILED: u32 = 1;
+pub const PC_OUTCOME_PRECONDITION_FAILED: pc_outcome_kind = 0x0402;
 /// Outcome kind: a `not_after` deadline had passed at `now_ms`; nothing changed.
-pub const PC_OUTCOME_DEADLINE_PASSED: u32 = 2;
+pub const PC_OUTCOME_DEADLINE_PASSED: pc_outcome_kind = 0x0403;
 
 /// A manual clock (SPEC E4): time moves only when told, so time-dependent rules are tested
 /// without sleeping. Share it with a store or an engine; free it with `pc_clock_free` (they
@@ -47,12 +56,28 @@ impl pc_clock {
 /// An open store: a handle any number of threads may share.
 pub struct pc_store {
     pub(crate) store: Arc<dyn Store>,
+    /// The process generation it was opened in.
+    pub(crate) generation: u64,
 }
 
-/// A guarded batch being built: preconditions and operations on one partition (SPEC S2).
-/// One thread at a time.
-pub struct pc_batch {
-    batch: Batch,
+impl pc_store {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        pc_store {
+            store,
+            generation: crate::fork::generation(),
+        }
+    }
+}
+
+/// Borrows a live store handle of this process (one opened before a fork answers `PC_CLOSED`).
+///
+/// # Safety
+/// `s` null or live.
+pub(crate) unsafe fn live<'a>(s: *const pc_store) -> Result<&'a pc_store, Fail> {
+    // SAFETY: the caller's contract.
+    let store = unsafe { arg(s, "store") }?;
+    crate::fork::check(store.generation, "store")?;
+    Ok(store)
 }
 
 /// One page of a scan: entries in key order and where the next page starts.
@@ -60,31 +85,34 @@ pub struct pc_scan_page {
     page: ScanPage,
 }
 
-/// What became of a batch.
+/// What became of a batch. This struct never grows.
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct pc_outcome {
     /// `PC_OUTCOME_COMMITTED`, `PC_OUTCOME_PRECONDITION_FAILED` or `PC_OUTCOME_DEADLINE_PASSED`.
-    pub kind: u32,
+    pub kind: pc_outcome_kind,
     /// For a failed precondition: its index, in the order the preconditions were added.
     pub index: u64,
     /// For a passed deadline: the store's clock when the batch was refused.
     pub now_ms: u64,
 }
 
-fn policy(kind: u32, interval_ms: u64) -> Result<SyncPolicy, Error> {
+fn policy(kind: pc_sync_policy, interval_ms: u64) -> Result<SyncPolicy, Error> {
     match kind {
         PC_SYNC_EVERY_COMMIT => Ok(SyncPolicy::SyncEveryCommit),
         PC_SYNC_PERIODIC_MAY_LOSE_RECENT => Ok(SyncPolicy::PeriodicMayLoseRecent { interval_ms }),
         PC_SYNC_NEVER_MAY_LOSE_RECENT => Ok(SyncPolicy::NeverSyncMayLoseRecent),
         other => Err(invalid(
             "sync_policy",
-            &format!("{other} is not a PC_SYNC_* value"),
+            &format!(
+                "{other:#x} is not a PC_SYNC_* value ({})",
+                crate::family_of(other)
+            ),
         )),
     }
 }
 
-pub(crate) fn sync_policy(kind: u32, interval_ms: u64) -> Result<SyncPolicy, Error> {
+pub(crate) fn sync_policy(kind: pc_sync_policy, interval_ms: u64) -> Result<SyncPolicy, Error> {
     policy(kind, interval_ms)
 }
 
@@ -98,13 +126,17 @@ fn partition(ptr: *const u8, len: usize) -> Result<Partition, Error> {
 /// # Safety
 /// `out` is null or writable. Thread safety: any thread.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_clock_new_manual(now_ms: u64, out: *mut *mut pc_clock) -> u32 {
-    boundary(|| {
+pub unsafe extern "C" fn pc_clock_new_manual(
+    now_ms: u64,
+    out: *mut *mut pc_clock,
+    err: *mut pc_error,
+) -> u32 {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let out = unsafe { out_ptr(out, "out") }?;
         let clock = Arc::new(ManualClock::new(now_ms));
-        *out = Box::into_raw(Box::new(pc_clock { clock }));
-        Ok(())
+        out.set(Box::into_raw(Box::new(pc_clock { clock })));
+        Ok::<(), Error>(())
     })
 }
 
@@ -113,11 +145,15 @@ pub unsafe extern "C" fn pc_clock_new_manual(now_ms: u64, out: *mut *mut pc_cloc
 /// # Safety
 /// `clock` is null or a live clock. Thread safety: any thread.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_clock_advance(clock: *const pc_clock, ms: u64) -> u32 {
-    boundary(|| {
+pub unsafe extern "C" fn pc_clock_advance(
+    clock: *const pc_clock,
+    ms: u64,
+    err: *mut pc_error,
+) -> u32 {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         unsafe { arg(clock, "clock") }?.clock.advance(ms);
-        Ok(())
+        Ok::<(), Error>(())
     })
 }
 
@@ -145,12 +181,13 @@ pub unsafe extern "C" fn pc_clock_free(clock: *mut pc_clock) {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pc_store_open_file(
     dir: *const c_char,
-    sync_policy: u32,
+    sync_policy: pc_sync_policy,
     interval_ms: u64,
     clock: *const pc_clock,
     out: *mut *mut pc_store,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract, for every argument.
         let (dir, out) = unsafe { (text(dir, "dir")?, out_ptr(out, "out")?) };
         let mut builder = FileStore::builder(dir).sync_policy(policy(sync_policy, interval_ms)?);
@@ -159,8 +196,8 @@ pub unsafe extern "C" fn pc_store_open_file(
             builder = builder.clock(clock.shared());
         }
         let store: Arc<dyn Store> = Arc::new(builder.open()?);
-        *out = Box::into_raw(Box::new(pc_store { store }));
-        Ok(())
+        out.set(Box::into_raw(Box::new(pc_store::new(store))));
+        Ok::<(), Error>(())
     })
 }
 
@@ -172,8 +209,9 @@ pub unsafe extern "C" fn pc_store_open_file(
 pub unsafe extern "C" fn pc_store_open_memory(
     clock: *const pc_clock,
     out: *mut *mut pc_store,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract.
         let out = unsafe { out_ptr(out, "out") }?;
         // SAFETY: null or a live clock.
@@ -181,10 +219,8 @@ pub unsafe extern "C" fn pc_store_open_memory(
             Some(clock) => MemoryStore::with_clock(clock.shared()),
             None => MemoryStore::new(),
         };
-        *out = Box::into_raw(Box::new(pc_store {
-            store: Arc::new(store),
-        }));
-        Ok(())
+        out.set(Box::into_raw(Box::new(pc_store::new(Arc::new(store)))));
+        Ok::<(), Error>(())
     })
 }
 
@@ -204,28 +240,31 @@ pub unsafe extern "C" fn pc_store_get(
     key_len: usize,
     value: *mut pc_bytes,
     found: *mut bool,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract, for every argument.
         let (store, key, value, found) = unsafe {
             (
-                arg(store, "store")?,
+                live(store)?,
                 bytes(key, key_len, "key")?,
                 out_ptr(value, "value")?,
                 out_ptr(found, "found")?,
             )
         };
+        distinct(&[("value", span(&value)), ("found", span(&found))])?;
         let p = partition(partition_ptr, partition_len)?;
         let got = store.store.get(&p, key)?;
-        *found = got.is_some();
-        *value = pc_bytes::from_vec(got.unwrap_or_default());
-        Ok(())
+        found.set(got.is_some());
+        value.set(pc_bytes::from_vec(got.unwrap_or_default()));
+        Ok::<(), Fail>(())
     })
 }
 
-/// Scans `partition` for keys `start <= k < end` (a null `start` or `end` is unbounded), at
-/// most `limit` (at least 1) entries, resuming strictly after `cursor` (null: from the start
-/// of the range). The page is freed with `pc_scan_page_free`.
+/// Scans `partition` for keys `start <= k < end` (`NULL, 0` for `start` or `end`: unbounded),
+/// at most `limit` (at least 1) entries, resuming strictly after `cursor` (`NULL, 0`: from the
+/// start of the range). A null pointer with a non-zero length is refused. The page is freed
+/// with `pc_scan_page_free`.
 ///
 /// # Safety
 /// Buffers as documented; `store` live; `out` writable. Thread safety: any thread.
@@ -242,12 +281,13 @@ pub unsafe extern "C" fn pc_store_scan(
     cursor_len: usize,
     limit: usize,
     out: *mut *mut pc_scan_page,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract, for every argument.
         let (store, start, end, cursor, out) = unsafe {
             (
-                arg(store, "store")?,
+                live(store)?,
                 opt_bytes(start, start_len, "start")?,
                 opt_bytes(end, end_len, "end")?,
                 opt_bytes(cursor, cursor_len, "cursor")?,
@@ -261,8 +301,8 @@ pub unsafe extern "C" fn pc_store_scan(
         };
         let cursor = cursor.map(|c| Cursor::after_key(c.to_vec()));
         let page = store.store.scan(&p, &range, cursor.as_ref(), limit)?;
-        *out = Box::into_raw(Box::new(pc_scan_page { page }));
-        Ok(())
+        out.set(Box::into_raw(Box::new(pc_scan_page { page })));
+        Ok::<(), Fail>(())
     })
 }
 
@@ -289,8 +329,9 @@ pub unsafe extern "C" fn pc_scan_page_entry(
     key_len: *mut usize,
     value: *mut *const u8,
     value_len: *mut usize,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract, for every argument.
         let (page, key, key_len, value, value_len) = unsafe {
             (
@@ -301,6 +342,12 @@ pub unsafe extern "C" fn pc_scan_page_entry(
                 out_ptr(value_len, "value_len")?,
             )
         };
+        distinct(&[
+            ("key", span(&key)),
+            ("key_len", span(&key_len)),
+            ("value", span(&value)),
+            ("value_len", span(&value_len)),
+        ])?;
         let (k, v) = page.page.entries.get(index).ok_or_else(|| {
             invalid(
                 "index",
@@ -310,8 +357,11 @@ pub unsafe extern "C" fn pc_scan_page_entry(
                 ),
             )
         })?;
-        (*key, *key_len, *value, *value_len) = (k.as_ptr(), k.len(), v.as_ptr(), v.len());
-        Ok(())
+        key.set(k.as_ptr());
+        key_len.set(k.len());
+        value.set(v.as_ptr());
+        value_len.set(v.len());
+        Ok::<(), Error>(())
     })
 }
 
@@ -327,8 +377,9 @@ pub unsafe extern "C" fn pc_scan_page_next(
     more: *mut bool,
     cursor: *mut *const u8,
     cursor_len: *mut usize,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract, for every argument.
         let (page, more, cursor, cursor_len) = unsafe {
             (
@@ -338,10 +389,17 @@ pub unsafe extern "C" fn pc_scan_page_next(
                 out_ptr(cursor_len, "cursor_len")?,
             )
         };
+        distinct(&[
+            ("more", span(&more)),
+            ("cursor", span(&cursor)),
+            ("cursor_len", span(&cursor_len)),
+        ])?;
         let next = page.page.next.as_ref().map(|c| c.last_key());
-        *more = next.is_some();
-        (*cursor, *cursor_len) = next.map_or((std::ptr::null(), 0), |k| (k.as_ptr(), k.len()));
-        Ok(())
+        more.set(next.is_some());
+        let (ptr, len) = next.map_or((std::ptr::null(), 0), |k| (k.as_ptr(), k.len()));
+        cursor.set(ptr);
+        cursor_len.set(len);
+        Ok::<(), Error>(())
     })
 }
 
@@ -355,179 +413,6 @@ pub unsafe extern "C" fn pc_scan_page_free(page: *mut pc_scan_page) {
         if !page.is_null() {
             // SAFETY: from `Box::into_raw`, freed once.
             drop(unsafe { Box::from_raw(page) });
-        }
-    });
-}
-
-/// Creates an empty batch.
-///
-/// # Safety
-/// `out` writable. Thread safety: any thread; the batch is then one thread's at a time.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_batch_new(out: *mut *mut pc_batch) -> u32 {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let out = unsafe { out_ptr(out, "out") }?;
-        *out = Box::into_raw(Box::new(pc_batch {
-            batch: Batch::new(),
-        }));
-        Ok(())
-    })
-}
-
-/// A precondition or operation added to a batch. `a`/`b` are its byte arguments.
-#[derive(Clone, Copy)]
-enum Step {
-    Equals,
-    Absent,
-    Present,
-    Put,
-    Delete,
-    DeleteRange,
-}
-
-unsafe fn add(
-    batch: *mut pc_batch,
-    step: Step,
-    a: (*const u8, usize),
-    b: (*const u8, usize),
-) -> u32 {
-    boundary(|| {
-        // SAFETY: the exported functions' contract, for every argument.
-        let (batch, a_bytes) = unsafe { (arg_mut(batch, "batch")?, bytes(a.0, a.1, "key")?) };
-        // SAFETY: as above; `b` is (null, 0) for steps that take one argument.
-        let b_bytes = unsafe { bytes(b.0, b.1, "value")? };
-        let (a, b) = (a_bytes.to_vec(), b_bytes.to_vec());
-        let old = std::mem::take(&mut batch.batch);
-        batch.batch = match step {
-            Step::Equals => old.equals(a, b),
-            Step::Absent => old.absent(a),
-            Step::Present => old.present(a),
-            Step::Put => old.put(a, b),
-            Step::Delete => old.delete(a),
-            Step::DeleteRange => old.delete_range(KeyRange::between(a, b)),
-        };
-        Ok(())
-    })
-}
-
-const NONE: (*const u8, usize) = (std::ptr::null(), 0);
-
-/// Adds a precondition: `key` holds exactly `value`. Sizes are checked when the batch is
-/// applied.
-///
-/// # Safety
-/// `batch` live, buffers as documented. Threads: one at a time per batch.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_batch_equals(
-    batch: *mut pc_batch,
-    key: *const u8,
-    key_len: usize,
-    value: *const u8,
-    value_len: usize,
-) -> u32 {
-    // SAFETY: forwarded.
-    unsafe { add(batch, Step::Equals, (key, key_len), (value, value_len)) }
-}
-
-/// Adds a precondition: `key` holds no value.
-///
-/// # Safety
-/// `batch` live, buffers as documented. Threads: one at a time per batch.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_batch_absent(
-    batch: *mut pc_batch,
-    key: *const u8,
-    key_len: usize,
-) -> u32 {
-    // SAFETY: forwarded.
-    unsafe { add(batch, Step::Absent, (key, key_len), NONE) }
-}
-
-/// Adds a precondition: `key` holds some value.
-///
-/// # Safety
-/// `batch` live, buffers as documented. Threads: one at a time per batch.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_batch_present(
-    batch: *mut pc_batch,
-    key: *const u8,
-    key_len: usize,
-) -> u32 {
-    // SAFETY: forwarded.
-    unsafe { add(batch, Step::Present, (key, key_len), NONE) }
-}
-
-/// Adds a precondition: the store's clock reads at most `deadline_ms` when the batch commits.
-///
-/// # Safety
-/// `batch` live. Threads: one at a time per batch.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_batch_not_after(batch: *mut pc_batch, deadline_ms: u64) -> u32 {
-    boundary(|| {
-        // SAFETY: the caller's contract.
-        let batch = unsafe { arg_mut(batch, "batch") }?;
-        batch.batch = std::mem::take(&mut batch.batch).not_after(deadline_ms);
-        Ok(())
-    })
-}
-
-/// Adds an operation: put `value` at `key`.
-///
-/// # Safety
-/// `batch` live, buffers as documented. Threads: one at a time per batch.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_batch_put(
-    batch: *mut pc_batch,
-    key: *const u8,
-    key_len: usize,
-    value: *const u8,
-    value_len: usize,
-) -> u32 {
-    // SAFETY: forwarded.
-    unsafe { add(batch, Step::Put, (key, key_len), (value, value_len)) }
-}
-
-/// Adds an operation: delete `key`.
-///
-/// # Safety
-/// `batch` live, buffers as documented. Threads: one at a time per batch.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_batch_delete(
-    batch: *mut pc_batch,
-    key: *const u8,
-    key_len: usize,
-) -> u32 {
-    // SAFETY: forwarded.
-    unsafe { add(batch, Step::Delete, (key, key_len), NONE) }
-}
-
-/// Adds an operation: delete every key `start <= k < end`.
-///
-/// # Safety
-/// `batch` live, buffers as documented. Threads: one at a time per batch.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_batch_delete_range(
-    batch: *mut pc_batch,
-    start: *const u8,
-    start_len: usize,
-    end: *const u8,
-    end_len: usize,
-) -> u32 {
-    // SAFETY: forwarded.
-    unsafe { add(batch, Step::DeleteRange, (start, start_len), (end, end_len)) }
-}
-
-/// Frees a batch. Null is a no-op.
-///
-/// # Safety
-/// `batch` null or from `pc_batch_new`, not used afterwards.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_batch_free(batch: *mut pc_batch) {
-    boundary_void(|| {
-        if !batch.is_null() {
-            // SAFETY: from `Box::into_raw`, freed once.
-            drop(unsafe { Box::from_raw(batch) });
         }
     });
 }
@@ -546,19 +431,19 @@ pub unsafe extern "C" fn pc_store_apply(
     partition_len: usize,
     batch: *const pc_batch,
     out: *mut pc_outcome,
+    err: *mut pc_error,
 ) -> u32 {
-    boundary(|| {
+    boundary(err, || {
         // SAFETY: the caller's contract, for every argument.
-        let (store, batch, out) = unsafe {
-            (
-                arg(store, "store")?,
-                arg(batch, "batch")?,
-                out_ptr(out, "out")?,
-            )
-        };
+        let (store, batch, out) =
+            unsafe { (live(store)?, arg(batch, "batch")?, out_ptr(out, "out")?) };
         let p = partition(partition_ptr, partition_len)?;
-        *out = match store.store.apply(&p, &batch.batch)? {
-            Outcome::Committed => pc_outcome::default(),
+        out.set(match store.store.apply(&p, &batch.batch)? {
+            Outcome::Committed => pc_outcome {
+                kind: PC_OUTCOME_COMMITTED,
+                index: 0,
+                now_ms: 0,
+            },
             Outcome::PreconditionFailed { index } => pc_outcome {
                 kind: PC_OUTCOME_PRECONDITION_FAILED,
                 index: index as u64,
@@ -569,8 +454,8 @@ pub unsafe extern "C" fn pc_store_apply(
                 index: 0,
                 now_ms,
             },
-        };
-        Ok(())
+        });
+        Ok::<(), Fail>(())
     })
 }
 
@@ -581,24 +466,31 @@ pub unsafe extern "C" fn pc_store_apply(
 /// # Safety
 /// `store` live. Thread safety: any thread.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn pc_store_close(store: *const pc_store) -> u32 {
-    boundary(|| {
+pub unsafe extern "C" fn pc_store_close(store: *const pc_store, err: *mut pc_error) -> u32 {
+    boundary(err, || {
         // SAFETY: the caller's contract.
-        unsafe { arg(store, "store") }?.store.close()
+        Ok::<(), Fail>(unsafe { live(store) }?.store.close()?)
     })
 }
 
 /// Frees a store handle. The store stays open while an engine opened over it lives; when this
-/// was the last user, it is closed (errors are logged). Null is a no-op.
+/// was the last user, it is closed (errors are logged). In a forked child it is only
+/// forgotten: nothing is closed or written. Null is a no-op.
 ///
 /// # Safety
 /// `store` null or from `pc_store_open_*`, not used afterwards, and no call on it is running.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn pc_store_free(store: *mut pc_store) {
     boundary_void(|| {
-        if !store.is_null() {
-            // SAFETY: from `Box::into_raw`, freed once.
-            drop(unsafe { Box::from_raw(store) });
+        if store.is_null() {
+            return;
+        }
+        // SAFETY: from `Box::into_raw`, freed once.
+        let handle = unsafe { Box::from_raw(store) };
+        if crate::fork::ours(handle.generation) {
+            drop(handle);
+        } else {
+            std::mem::forget(handle);
         }
     });
 }

@@ -314,6 +314,30 @@ fn s6_a_store_open_in_another_handle_is_refused_and_bad_paths_are_named() {
     assert!(out.contains("usage"), "{out}");
 }
 
+/// Asking for help is not a wrong invocation: `--help` and `-h` print the usage on standard
+/// output and exit 0, while a wrong invocation prints it on standard error and exits 2.
+#[test]
+fn help_is_answered_with_the_usage_and_success() {
+    for flag in ["--help", "-h"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_portcullis-inspect"))
+            .arg(flag)
+            .output()
+            .expect("the tool runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{flag}: {stdout}");
+        assert!(
+            stdout.contains("usage: portcullis-inspect"),
+            "{flag}: {stdout}"
+        );
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_portcullis-inspect"))
+        .args(["verify", "one", "two"])
+        .output()
+        .expect("the tool runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("usage"));
+}
+
 /// SPEC S4, E5: damage an earlier open found is persisted, and the store refuses it until an
 /// operator accepts it. The summary lists what the store refuses, and `verify` reports each
 /// refusal with the call that lifts it.
@@ -404,4 +428,159 @@ fn e5_inspecting_many_segments_needs_a_bounded_number_of_descriptors() {
     let (code, out) = limited(&["verify", path(dir.path())]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("no damage found"), "{out}");
+}
+
+/// Refuses empty messages before they are written (SPEC R12).
+struct NoEmpty;
+
+impl TypedMachine for NoEmpty {
+    type Record = String;
+    type State = u64;
+    fn fresh(&self, _: &EntityId) -> u64 {
+        0
+    }
+    fn check(&self, _: &u64, _: &ApplyContext<'_>, text: &String) -> Result<(), Rejection> {
+        if text.is_empty() {
+            return Err(Rejection::new("an empty message"));
+        }
+        Ok(())
+    }
+    fn apply(&self, n: &mut u64, _: &ApplyContext<'_>, _: String) -> Result<(), Rejection> {
+        *n += 1;
+        Ok(())
+    }
+}
+
+#[test]
+fn e5_r12_deferred_records_set_aside_are_shown_and_verify_clean() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        Engine::builder(Typed(NoEmpty))
+            .directory(dir.path())
+            .pool_threads(1)
+            // The room stays pending until its read, so the deferrals meet no state.
+            .background_warm(false)
+            .open()
+            .unwrap()
+    };
+    let engine = open();
+    engine.register(&room(0)).unwrap();
+    engine.close().unwrap();
+    let engine = open();
+    for text in ["", "hello", ""] {
+        engine.defer_typed(&room(0), &text.to_string()).unwrap();
+    }
+    assert_eq!(engine.read(&room(0), |n| *n).unwrap(), 1);
+    engine.close().unwrap();
+    let (code, out) = inspect(&[path(dir.path())]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(
+            "chat/room-0: records 1..2 (1 retained), no checkpoint, 2 refused deferred (set aside)"
+        ),
+        "{out}"
+    );
+    let (code, out) = verify_unchanged(dir.path());
+    assert_eq!(code, 0, "{out}");
+}
+
+/// Every row of every partition of the store in `dir`.
+fn rows(dir: &Path) -> Vec<(String, Vec<u8>, Vec<u8>)> {
+    let store = FileStore::open(dir).unwrap();
+    let mut out = Vec::new();
+    for p in store.list_partitions(b"").unwrap() {
+        for row in store.entries(&p, portcullis::store::KeyRange::all()) {
+            let (k, v) = row.unwrap();
+            out.push((p.to_string(), k, v));
+        }
+    }
+    store.close().unwrap();
+    out
+}
+
+#[test]
+fn s12_backup_copies_a_closed_store_without_changing_it() {
+    let _serial = serial();
+    let dir = healthy();
+    let before = image(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("copy");
+    let (code, text) = inspect(&["backup", path(dir.path()), path(&dest)]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("files linked"), "{text}");
+    assert_eq!(image(dir.path()), before, "backing up changed the store");
+    assert_eq!(inspect(&["verify", path(&dest)]).0, 0);
+    assert_eq!(rows(&dest), rows(dir.path()));
+    // A second backup to the same place is refused, and says what to do.
+    let (code, text) = inspect(&["backup", path(dir.path()), path(&dest)]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("exists"), "{text}");
+}
+
+#[test]
+fn s12_backup_of_a_torn_tail_copies_what_open_recovers_and_leaves_the_store_alone() {
+    let _serial = serial();
+    let dir = healthy();
+    let last = segments(dir.path()).pop().unwrap();
+    let bytes = std::fs::read(&last).unwrap();
+    let tail = *layout::records(&bytes).last().unwrap();
+    // A write a crash cut short after the last record: its frame and a byte of its body.
+    let torn = bytes[tail.offset..tail.offset + layout::FRAME_LEN + 1].to_vec();
+    damage(&last, |b| b.extend_from_slice(&torn));
+    let before = image(dir.path());
+    let (code, text) = inspect(&["verify", path(dir.path())]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("torn tail of"), "{text}");
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("copy");
+    let (code, text) = inspect(&["backup", path(dir.path()), path(&dest)]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(image(dir.path()), before, "backing up changed the store");
+    let (code, text) = inspect(&["verify", path(&dest)]);
+    assert_eq!(code, 0, "the copy holds no torn tail: {text}");
+    let copy = FileStore::open(&dest).unwrap();
+    assert!(copy.open_report().torn_tail.is_none());
+    copy.close().unwrap();
+}
+
+#[test]
+fn s12_backup_refuses_an_open_store_and_a_directory_without_one() {
+    let _serial = serial();
+    let dir = healthy();
+    let out = tempfile::tempdir().unwrap();
+    let store = FileStore::open(dir.path()).unwrap();
+    let (code, text) = inspect(&["backup", path(dir.path()), path(&out.path().join("a"))]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("locked"), "{text}");
+    store.close().unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    let (code, text) = inspect(&["backup", path(empty.path()), path(&out.path().join("b"))]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("holds no store"), "{text}");
+    assert!(std::fs::read_dir(empty.path()).unwrap().next().is_none());
+    assert!(std::fs::read_dir(out.path()).unwrap().next().is_none());
+    let (code, text) = inspect(&["backup", path(dir.path())]);
+    assert_eq!(code, 2);
+    assert!(text.contains("backup SRC DEST"), "{text}");
+}
+
+#[test]
+fn s12_backup_of_a_damaged_store_holds_the_same_damage() {
+    let _serial = serial();
+    let dir = healthy();
+    let last = segments(dir.path()).pop().unwrap();
+    let bytes = std::fs::read(&last).unwrap();
+    let tail = *layout::records(&bytes).last().unwrap();
+    // The newest segment lost its end: shorter than the heads snapshot says.
+    damage(&last, |b| b.truncate(tail.offset + layout::FRAME_LEN + 1));
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("copy");
+    let (code, text) = inspect(&["backup", path(dir.path()), path(&dest)]);
+    assert_eq!(code, 0, "{text}");
+    for d in [dir.path(), dest.as_path()] {
+        let (code, text) = inspect(&["verify", path(d)]);
+        assert_eq!(code, 1, "{}: {text}", d.display());
+        assert!(text.contains("torn tail of"), "{text}");
+    }
 }

@@ -75,6 +75,11 @@ pub struct DataSet {
 }
 
 impl DataSet {
+    /// Bytes of payload: every record's value.
+    pub fn payload(&self) -> u64 {
+        self.entities * self.records * self.value_len as u64
+    }
+
     /// Every (entity, seq) in write order.
     pub fn rows(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let (n, m) = (self.entities, self.records);
@@ -120,6 +125,17 @@ pub trait System: Sync {
     fn load(&self, dir: &Path, data: &DataSet) -> R<()>;
     /// Opens the store in `dir`.
     fn open(&self, dir: &Path) -> R<Box<dyn Reader>>;
+    /// Lets the store in `dir` (loaded and closed) settle before its bytes on disk are
+    /// measured: reopens it as `open` does, waits until the background work the system does by
+    /// itself has finished (compaction, flushes), and closes it. The default, for a system
+    /// with no background work: reopen and close.
+    fn settle(&self, dir: &Path) -> R<()> {
+        self.open(dir)?.close()
+    }
+    /// How `settle` waits, in a few words, for the report.
+    fn settles(&self) -> &'static str {
+        "no background work: reopened and closed"
+    }
     /// Opens the store in `dir` for durable single-row writes of new records, each synced
     /// before it is acknowledged, into the same table `load` fills.
     fn crash_writer(&self, dir: &Path) -> R<PointWriter>;

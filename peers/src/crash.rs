@@ -210,6 +210,13 @@ pub fn run(
         ),
     );
     let (mut open_c, mut open_w) = (row("open", "cold"), row("open", "warm"));
+    let new_row = |what: String, unit, higher_is_better| Row {
+        what: format!("{what} ({shape})"),
+        unit,
+        higher_is_better,
+        samples: vec![Vec::new(); systems.len()],
+    };
+    let (mut on_disk, mut space_amp) = crate::space_rows(&label, &new_row);
     for (i, sys) in systems.iter().enumerate() {
         if !sys.supports(Workload::Crash) {
             continue;
@@ -218,23 +225,28 @@ pub fn run(
         let t = Instant::now();
         sys.load(dir.path(), data)?;
         let load = t.elapsed();
-        let size = crate::dir_size(dir.path());
+        let (loaded, settled) = crate::settle(sys.as_ref(), dir.path())?;
         eprintln!(
-            "[{:>6.1}s] crash load {}: {:.1} s, {} MiB on disk",
+            "[{:>6.1}s] crash load {}: {:.1} s, {} MiB on disk, {} MiB settled",
             started.elapsed().as_secs_f64(),
             sys.name(),
             load.as_secs_f64(),
-            size >> 20
+            loaded >> 20,
+            settled >> 20
         );
         notes.push(format!(
-            "{label} ({} entities x {} records of {} B): {} bulk load took {:.1} s; {} MiB on disk.",
+            "{label} ({} entities x {} records of {} B): {} bulk load took {:.1} s; {} MiB on \
+             disk after it, {} MiB once settled.",
             crate::thousands(data.entities),
             data.records,
             data.value_len,
             sys.name(),
             load.as_secs_f64(),
-            size >> 20
+            loaded >> 20,
+            settled >> 20
         ));
+        on_disk.samples[i].push(settled as f64 / (1 << 20) as f64);
+        space_amp.samples[i].push(settled as f64 / data.payload() as f64);
         let modes: &[bool] = if cold { &[true, false] } else { &[false] };
         // Each run's writer writes a new entity after the loaded ones.
         let mut entity = data.entities;
@@ -260,7 +272,7 @@ pub fn run(
             }
         }
     }
-    Ok(vec![first_c, first_w, open_c, open_w])
+    Ok(vec![first_c, first_w, open_c, open_w, on_disk, space_amp])
 }
 
 #[cfg(test)]

@@ -35,10 +35,10 @@ impl StateMachine for Histories {
         Ok(())
     }
 
-    fn encode_checkpoint(&self, s: &[u64; 2]) -> Vec<u8> {
+    fn encode_checkpoint(&self, s: &[u64; 2]) -> Result<Vec<u8>, Rejection> {
         let mut out = s[0].to_le_bytes().to_vec();
         out.extend_from_slice(&s[1].to_le_bytes());
-        out
+        Ok(out)
     }
 
     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<[u64; 2], Rejection> {

@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use common::{DataSet, Order, R, System, Workload};
 use report::{Row, render, thousands};
-use throughput::run_threads;
+use throughput::{bytes_written, run_threads};
 
 struct Options {
     runs: usize,
@@ -197,6 +197,15 @@ fn main() -> R<()> {
                 "ms",
                 false,
             );
+            let mut amplification = new_row(
+                format!(
+                    "write amplification, {threads} threads: bytes handed to write calls \
+                     (`/proc/self/io` wchar, every thread of the process) per byte of payload \
+                     (the {COMMIT_VALUE_LEN}-byte values committed)"
+                ),
+                "x",
+                false,
+            );
             for run in 0..o.runs {
                 for (i, sys) in systems.iter().enumerate() {
                     if !sys.supports(Workload::Commits) {
@@ -204,8 +213,16 @@ fn main() -> R<()> {
                     }
                     let dir = temp_dir("commits")?;
                     let bench = sys.commits(dir.path())?;
+                    let written = bytes_written();
                     let r = run_threads(bench.as_ref(), threads, o.seconds)?;
+                    let written = bytes_written()
+                        .zip(written)
+                        .map(|(after, before)| after.saturating_sub(before));
                     drop(bench);
+                    if let Some(bytes) = written.filter(|_| r.all_commits > 0) {
+                        let payload = r.all_commits * COMMIT_VALUE_LEN as u64;
+                        amplification.samples[i].push(bytes as f64 / payload as f64);
+                    }
                     eprintln!(
                         "[{:>6.1}s] commits t={threads} run {run} {}: {:.0}/s, {} commits (syncs/commit {:?}, worst {:.1} ms)",
                         started.elapsed().as_secs_f64(),
@@ -222,7 +239,7 @@ fn main() -> R<()> {
                     worst.samples[i].push(r.max_latency_ms);
                 }
             }
-            rows.extend([row, syncs, worst]);
+            rows.extend([row, syncs, worst, amplification]);
         }
     }
 
@@ -318,6 +335,7 @@ fn main() -> R<()> {
             "ms",
             false,
         );
+        let (mut on_disk, mut space_amp) = space_rows(label, &new_row);
         for (i, sys) in systems.iter().enumerate() {
             if !sys.supports(Workload::Read) {
                 continue;
@@ -326,20 +344,25 @@ fn main() -> R<()> {
             let t = Instant::now();
             sys.load(dir.path(), &data)?;
             let load = t.elapsed();
-            let size = dir_size(dir.path());
+            let (loaded, settled) = settle(sys.as_ref(), dir.path())?;
             eprintln!(
-                "[{:>6.1}s] {key} load {}: {:.1} s, {} MiB on disk",
+                "[{:>6.1}s] {key} load {}: {:.1} s, {} MiB on disk, {} MiB settled",
                 started.elapsed().as_secs_f64(),
                 sys.name(),
                 load.as_secs_f64(),
-                size >> 20
+                loaded >> 20,
+                settled >> 20
             );
             notes.push(format!(
-                "{label} ({shape}): {} bulk load took {:.1} s; {} MiB on disk.",
+                "{label} ({shape}): {} bulk load took {:.1} s; {} MiB on disk after it, {} \
+                 MiB once settled.",
                 sys.name(),
                 load.as_secs_f64(),
-                size >> 20
+                loaded >> 20,
+                settled >> 20
             ));
+            on_disk.samples[i].push(settled as f64 / (1 << 20) as f64);
+            space_amp.samples[i].push(settled as f64 / data.payload() as f64);
             let modes: &[bool] = if cold { &[true, false] } else { &[false] };
             for &is_cold in modes {
                 for run in 0..runs {
@@ -447,10 +470,14 @@ fn main() -> R<()> {
             &mut restore_w,
             &mut engine_open_c,
             &mut engine_open_w,
+            &mut on_disk,
+            &mut space_amp,
         ] {
             r.what = format!("{} ({shape})", r.what);
         }
-        rows.extend([first_c, first_w, open_c, open_w, all_c, all_w]);
+        rows.extend([
+            first_c, first_w, open_c, open_w, all_c, all_w, on_disk, space_amp,
+        ]);
         // Shown only when an engine restored (the rows would only repeat the reads otherwise).
         if engine_open_c
             .samples
@@ -468,11 +495,23 @@ fn main() -> R<()> {
         )?);
     }
 
+    let settles: Vec<String> = systems
+        .iter()
+        .map(|s| format!("{}: {}", s.name(), s.settles()))
+        .collect();
     let how = format!(
         "Medians of {} runs per cell ({} s per throughput run); the ~1 GiB store and the crash \
          workload's store are written once per system; the ~1 GiB store is reopened {} times per \
-         cache state, and a writer is killed {} times per cache state.",
-        o.runs, o.seconds, o.big_runs, o.big_runs
+         cache state, and a writer is killed {} times per cache state. Bytes on disk are \
+         measured once the load settled: after the load closes the store, it is reopened, the \
+         background work the system does by itself is waited for, and it is closed again \
+         ({}); then every file under its directory is counted (file lengths). Payload: every \
+         record's value.",
+        o.runs,
+        o.seconds,
+        o.big_runs,
+        o.big_runs,
+        settles.join("; ")
     );
     let md = render(&how, &systems, &rows, &notes, cold, started.elapsed());
     println!("{md}");
@@ -480,6 +519,37 @@ fn main() -> R<()> {
         std::fs::write(path, &md)?;
     }
     Ok(())
+}
+
+/// Bytes of each single-row commit's value in the commits workload.
+pub const COMMIT_VALUE_LEN: usize = 100;
+
+/// The rows of a data set's footprint once the load settled: bytes on disk, and those bytes
+/// per byte of payload.
+fn space_rows(label: &str, new_row: &dyn Fn(String, &'static str, bool) -> Row) -> (Row, Row) {
+    (
+        new_row(
+            format!("{label}: bytes on disk once the load settled (see the method)"),
+            "MiB",
+            false,
+        ),
+        new_row(
+            format!(
+                "{label}: space amplification once the load settled: bytes on disk per byte \
+                 of payload"
+            ),
+            "x",
+            false,
+        ),
+    )
+}
+
+/// Lets the store in `dir` settle (see [`common::System::settle`]); returns its bytes on disk
+/// right after the load and once settled.
+fn settle(sys: &dyn System, dir: &Path) -> R<(u64, u64)> {
+    let loaded = dir_size(dir);
+    sys.settle(dir)?;
+    Ok((loaded, dir_size(dir)))
 }
 
 fn dir_size(dir: &Path) -> u64 {

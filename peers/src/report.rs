@@ -35,6 +35,7 @@ pub fn fmt_num(x: f64, unit: &str) -> String {
         "ms" if x >= 100.0 => format!("{x:.0} ms"),
         "ms" if x >= 1.0 => format!("{x:.1} ms"),
         "ms" => format!("{:.0} µs", x * 1000.0),
+        "x" => format!("{x:.2}"),
         _ if x >= 100.0 => thousands(x.round() as u64),
         _ if x >= 1.0 => format!("{x:.1}"),
         _ => format!("{x:.2}"),

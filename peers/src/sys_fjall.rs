@@ -27,7 +27,7 @@ impl Bench for Commits {
             b.insert(
                 &self.part,
                 log_key(thread as u64, i),
-                value(thread as u64, i, 100),
+                value(thread as u64, i, crate::COMMIT_VALUE_LEN),
             );
             b.commit()?;
             Ok(true)
@@ -137,6 +137,32 @@ impl System for Fjall {
         let ks = Config::new(dir).open()?;
         let part = ks.open_partition("log", PartitionCreateOptions::default())?;
         Ok(Box::new(LogReader { _ks: ks, part }))
+    }
+
+    fn settle(&self, dir: &Path) -> R<()> {
+        let ks = Config::new(dir).open()?;
+        let part = ks.open_partition("log", PartitionCreateOptions::default())?;
+        // fjall has no call that waits for its compactions: poll until none is running and
+        // the disk space stays put (bounded: a minute).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut last = u64::MAX;
+        while std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let space = ks.disk_space();
+            if ks.active_compactions() == 0 && space == last {
+                break;
+            }
+            last = space;
+        }
+        ks.persist(PersistMode::SyncAll)?;
+        drop(part);
+        drop(ks);
+        Ok(())
+    }
+
+    fn settles(&self) -> &'static str {
+        "reopened, polled every 200 ms until no compaction runs and `disk_space` stays put \
+         (fjall has no call that waits for them), persisted, dropped"
     }
 
     fn crash_writer(&self, dir: &Path) -> R<PointWriter> {

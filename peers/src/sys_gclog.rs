@@ -97,7 +97,7 @@ impl Bench for Commits {
             let mut record = Vec::with_capacity(116);
             record.extend_from_slice(&(thread as u64).to_be_bytes());
             record.extend_from_slice(&i.to_be_bytes());
-            record.extend_from_slice(&value(thread as u64, i, 100));
+            record.extend_from_slice(&value(thread as u64, i, crate::COMMIT_VALUE_LEN));
             self.log.commit(&record)?;
             Ok(true)
         }))

@@ -25,7 +25,7 @@ impl Bench for Commits {
                 let mut t = txn.open_table(KV)?;
                 t.insert(
                     ((thread as u64) << 32) | i,
-                    value(thread as u64, i, 100).as_slice(),
+                    value(thread as u64, i, crate::COMMIT_VALUE_LEN).as_slice(),
                 )?;
             }
             txn.commit()?;

@@ -46,7 +46,7 @@ impl Bench for Commits {
         Ok(Box::new(move |i: u64| {
             let k = ((thread as i64) << 32) | i as i64;
             let mut st = conn.prepare_cached("INSERT INTO kv (k, v) VALUES (?1, ?2)")?;
-            match st.execute(params![k, value(thread as u64, i, 100)]) {
+            match st.execute(params![k, value(thread as u64, i, crate::COMMIT_VALUE_LEN)]) {
                 Ok(_) => Ok(true),
                 Err(e) if is_busy(&e) => Ok(false),
                 Err(e) => Err(e.into()),

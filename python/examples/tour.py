@@ -2,22 +2,19 @@
 with lazy restore (open reads no history; the first touch restores a room, exactly once), warm
 the rest in the background with progress, and fence a stale writer after an epoch bump.
 
-    cargo build --release -p portcullis-ffi
+    pip install ./python
     python3 python/examples/tour.py [DIRECTORY]
 
 Every claim it prints is checked: it fails rather than tell a story that did not happen.
 """
 
 import json
-import os
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import portcullis  # noqa: E402
-from portcullis import Engine, Refused, StateMachine, Store  # noqa: E402
+import portcullis
+from portcullis import Engine, Refused, StateMachine, Store
 
 ROOMS, MESSAGES = 200, 5
 
@@ -82,9 +79,11 @@ def restart_and_warm(directory):
         with engine.warm() as warm:
             check("the warm to end", warm.wait(timeout=60))
             p = warm.progress()
-        rest = ROOMS - 1
-        check("the warm to restore the rest", (p.done, p.total, p.refused) == (rest, rest, 0))
-        print(f"A warm restored the other {p.done} rooms on the pool in {p.elapsed_ms} ms.")
+        # The background warm (on by default) may have restored some rooms first; the warm
+        # counts and waits for the rest.
+        stats = engine.stats()
+        check("the warm to restore the rest", stats.restored == ROOMS and p.refused == 0)
+        print(f"A warm restored the other {ROOMS - 1} rooms on the pool ({p.done} of them itself) in {p.elapsed_ms} ms.")
 
 
 def fence_a_stale_writer(directory):

@@ -1,21 +1,17 @@
-"""Shared set-up of the Python tests: the package on the path, a counting state machine, and
-temporary directories.
+"""Shared set-up of the Python tests: a counting state machine and temporary directories. The
+tests import the installed package (`pip install ./python`); nothing here edits `sys.path`.
 
 Counter: an entity's state sums 8-byte little-endian records and counts one-byte repair
 markers b"R". Switches make it refuse or raise on chosen records, and it notes the threads
 its callbacks ran on.
 """
 
-import os
 import struct
-import sys
 import tempfile
 import threading
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import portcullis  # noqa: E402
+import portcullis
 
 #: What a test waits for a thread or a warm at most; reaching it fails the test.
 TIMEOUT = 60.0

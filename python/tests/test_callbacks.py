@@ -51,7 +51,7 @@ class CallbackTest(TempDirTest):
             self.assertTrue(engine.release("acct", b"e1"))
             self.assertEqual(engine.state("acct", b"e1")["sum"], 6 + 666)
 
-    def test_a_raising_fresh_or_encode_never_serves_a_made_up_state(self):
+    def test_a_raising_fresh_contains_and_a_raising_encode_publishes_nothing(self):
         class Fragile(Counter):
             def fresh(self, entity):
                 if entity.id == b"bad":
@@ -67,18 +67,28 @@ class CallbackTest(TempDirTest):
             with self.assertRaises(portcullis.Contained) as contained:
                 engine.append("acct", b"bad", [record(1)])
             self.assertIn("fresh raised RuntimeError", contained.exception.callback_error)
+            self.assertIn("no fresh state for bad", str(contained.exception))
             engine.append("acct", b"odd", [record(13)])
-            with self.assertRaises(portcullis.CallbackError) as unencodable:
+            with self.assertRaises(portcullis.WriteRefused) as unencodable:
                 engine.read("acct", b"odd")
-            self.assertIn("13 cannot be encoded", unencodable.exception.callback_error)
-            with self.assertRaises(portcullis.CallbackError):
+            self.assertIn("13 cannot be encoded", str(unencodable.exception))
+            with self.assertRaises(portcullis.WriteRefused) as refused:
                 engine.checkpoint("acct", b"odd")
+            self.assertIn("no checkpoint was published", str(refused.exception))
             engine.append("acct", b"ok", [record(2)])  # other entities are served
             self.assertEqual(engine.state("acct", b"ok"), {"sum": 2, "records": 1, "repairs": 0})
+        with small(
+            Fragile(), self.dir, truncate_after_checkpoint=True, register_on_first_write=True
+        ) as engine:
+            engine.append("acct", b"cut", [record(13)])
+            with self.assertRaises(portcullis.WriteRefused):
+                engine.checkpoint("acct", b"cut")  # nothing published, so nothing truncated
+        # Nothing was published from a state encode refused, and no history was truncated:
+        # both entities restore from their history.
         with small(Fragile(), self.dir) as engine:
-            with self.assertRaises(portcullis.Contained) as contained:
-                engine.read("acct", b"odd")
-            self.assertIn("13 cannot be encoded", contained.exception.callback_error)
+            self.assertEqual(engine.state("acct", b"odd")["sum"], 13)
+            self.assertEqual(engine.state("acct", b"cut")["sum"], 13)
+            self.assertEqual([r.seq for r in engine.history("acct", b"cut")], [1])
 
     def test_negative_control_an_escaping_exception_is_not_a_refusal(self):
         history(self.dir, 2, poison=True)

@@ -89,6 +89,25 @@ class EngineTest(TempDirTest):
             self.assertEqual(engine.write("acct", b"a", lambda state: []).wrote, False)
             self.assertEqual(engine.state("acct", b"a")["records"], 1)
 
+    def test_a_decision_raising_write_refused_refuses_the_command_with_its_reason(self):
+        # SPEC R12: the same code as Rust's Error::Refused and C's PC_REFUSED, with the reason.
+        with small(Counter(), self.dir, register_on_first_write=True) as engine:
+            engine.append("acct", b"a", [record(5)])
+
+            def overdraw(state):
+                yield record(1)  # pushed, then dropped by the refusal
+                raise portcullis.WriteRefused(f"only {state['sum']} held")
+
+            with self.assertRaises(portcullis.WriteRefused) as refused:
+                engine.write("acct", b"a", overdraw)
+            self.assertEqual((refused.exception.code, refused.exception.name), (17, "PC_REFUSED"))
+            self.assertIn("only 5 held", refused.exception.message)
+            self.assertIn("nothing was written", refused.exception.message)
+            self.assertIsInstance(refused.exception, portcullis.PortcullisError)
+            self.assertEqual(engine.state("acct", b"a"), {"sum": 5, "records": 1, "repairs": 0})
+            engine.append("acct", b"a", [record(1)])  # the entity keeps serving
+            self.assertEqual(engine.state("acct", b"a")["sum"], 6)
+
     def test_a_refusing_validate_answers_invalid_argument_with_its_reason(self):
         with small(Counter(), self.dir, register_on_first_write=True) as engine:
             with self.assertRaises(portcullis.InvalidArgument) as bad:

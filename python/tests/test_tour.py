@@ -25,11 +25,15 @@ class TourTest(TempDirTest):
         ):
             self.assertIn(line, done.stdout)
 
-    def test_the_readme_snippet_runs(self):
+    def test_the_readme_examples_run(self):
         readme = os.path.join(os.path.dirname(TOUR), "..", "..", "README.md")
         with open(readme, encoding="utf-8") as f:
             text = f.read()
         section = text[text.index("## From Python") :]
-        code = section[section.index("```python\n") + len("```python\n") :]
-        code = code[: code.index("```")]
-        exec(compile(code, "README.md (From Python)", "exec"), {"__name__": "readme"})
+        section = section[: section.index("\n## ", 1)]
+        blocks = section.split("```python\n")[1:]
+        self.assertEqual(len(blocks), 3, "the ten-line example, the longer one, the listener")
+        for i, block in enumerate(blocks):
+            code = block[: block.index("```")]
+            name = f"README.md (From Python, example {i + 1})"
+            exec(compile(code, name, "exec"), {"__name__": "readme"})

@@ -11,6 +11,15 @@ use crate::error::{Error, Result};
 use crate::log::{self, Guarded};
 use crate::restore::{self, Containment, ReasonKind, StateMachine};
 
+/// The error of a checkpoint whose state [`StateMachine::encode_checkpoint`] refused: nothing
+/// was published.
+pub(super) fn unencodable(entity: &EntityId, r: &restore::Rejection) -> Error {
+    super::check::refused(
+        entity,
+        format!("encode_checkpoint refused the state, so no checkpoint was published ({r})"),
+    )
+}
+
 /// How many times [`Engine::verify_checkpoint`] audits again when the checkpoint or history
 /// root moved during its walk.
 pub(crate) const AUDIT_ATTEMPTS: usize = 3;
@@ -19,7 +28,10 @@ impl<M: StateMachine> Engine<M> {
     /// Publishes a checkpoint of an entity's state at its last record (SPEC L3), and truncates
     /// the history it covers if so configured. Returns the checkpoint's sequence number.
     ///
-    /// Answers [`Error::UnknownEntity`] if the entity was never registered.
+    /// Answers [`Error::UnknownEntity`] if the entity was never registered, and
+    /// [`Error::Refused`] if [`StateMachine::encode_checkpoint`] refused the state: then
+    /// nothing is published and the entity keeps serving (its next restore replays the history
+    /// from the checkpoint before).
     ///
     /// # Examples
     ///
@@ -54,7 +66,10 @@ impl<M: StateMachine> Engine<M> {
         let mut contained = None;
         let done = self.with_loaded(&slot, |loaded| {
             self.settle(entity, &slot, loaded, &mut contained)?;
-            let bytes = restorer.machine().encode_checkpoint(&loaded.state);
+            let bytes = restorer
+                .machine()
+                .encode_checkpoint(&loaded.state)
+                .map_err(|r| self.refusal_told(entity, unencodable(entity, &r)))?;
             let seq = loaded.head.head.last_seq();
             let written =
                 log::write_checkpoint(store, &p, &loaded.head, seq, bytes, Default::default());

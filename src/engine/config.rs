@@ -17,6 +17,7 @@ use crate::clock::SharedClock;
 use crate::entity::Namespace;
 use crate::fence::FenceConfig;
 use crate::restore::{Metrics, StateMachine};
+use crate::spawn::Spawner;
 use crate::store::{FileStoreBuilder, Store, SyncPolicy};
 
 /// Configures and opens an [`Engine`].
@@ -36,7 +37,7 @@ use crate::store::{FileStoreBuilder, Store, SyncPolicy};
 ///         *s += 1;
 ///         Ok(())
 ///     }
-///     fn encode_checkpoint(&self, s: &u64) -> Vec<u8> { s.to_le_bytes().to_vec() }
+///     fn encode_checkpoint(&self, s: &u64) -> Result<Vec<u8>, Rejection> { Ok(s.to_le_bytes().to_vec()) }
 ///     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<u64, Rejection> {
 ///         b.try_into().map(u64::from_le_bytes).map_err(|_| Rejection::new("bad checkpoint"))
 ///     }
@@ -62,11 +63,14 @@ pub struct EngineBuilder<M: StateMachine> {
     pub(crate) adopt_on_first_use: bool,
     pub(crate) own: Vec<(Namespace, Mode)>,
     pub(crate) pool_threads: usize,
+    pub(crate) spawner: Option<Spawner>,
+    pub(crate) pool_stack_size: Option<usize>,
     pub(crate) close_timeout: std::time::Duration,
     pub(crate) warm_parallelism: usize,
     pub(crate) checkpoint_tail_bound: u64,
     pub(crate) truncate_after_checkpoint: bool,
     pub(crate) warm_on_open: bool,
+    pub(crate) background_warm: bool,
     pub(crate) metrics: Option<Arc<dyn Metrics>>,
     pub(crate) fence: FenceConfig,
     pub(crate) register_on_first_write: bool,
@@ -75,6 +79,11 @@ pub struct EngineBuilder<M: StateMachine> {
     pub(crate) file_store: Vec<FileStoreOption>,
     pub(crate) sweep_expired_leases: bool,
     pub(crate) sweep_interval: std::time::Duration,
+    pub(crate) owner_lease: std::time::Duration,
+    pub(crate) renew_owner_lease: bool,
+    pub(crate) switches: super::switches::OwnerSwitches,
+    /// The listener (SPEC E8), and whether it is the lock rule's negative control.
+    pub(crate) listener: Option<(Arc<dyn crate::observe::Listener>, bool)>,
 }
 
 /// The default time between passes of the engine's expired-lease sweeper (see
@@ -90,6 +99,7 @@ impl<M: StateMachine> std::fmt::Debug for EngineBuilder<M> {
             .field("store", &self.store.as_ref().map(|_| "given"))
             .field("directory", &self.directory)
             .field("pool_threads", &self.pool_threads)
+            .field("pool_stack_size", &self.pool_stack_size)
             .field("close_timeout", &self.close_timeout)
             .field("warm_parallelism", &self.warm_parallelism)
             .field("checkpoint_tail_bound", &self.checkpoint_tail_bound)
@@ -98,10 +108,14 @@ impl<M: StateMachine> std::fmt::Debug for EngineBuilder<M> {
             .field("truncate_after_checkpoint", &self.truncate_after_checkpoint)
             .field("register_on_first_write", &self.register_on_first_write)
             .field("warm_on_open", &self.warm_on_open)
+            .field("background_warm", &self.background_warm)
             .field("file_store_options", &self.file_store.len())
             .field("fence", &self.fence)
             .field("sweep_expired_leases", &self.sweep_expired_leases)
             .field("sweep_interval", &self.sweep_interval)
+            .field("owner_lease", &self.owner_lease)
+            .field("renew_owner_lease", &self.renew_owner_lease)
+            .field("listener", &self.listener.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -117,11 +131,14 @@ impl<M: StateMachine> EngineBuilder<M> {
             adopt_on_first_use: true,
             own: Vec::new(),
             pool_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            spawner: None,
+            pool_stack_size: None,
             close_timeout: std::time::Duration::from_secs(30),
             warm_parallelism: 4,
             checkpoint_tail_bound: 10_000,
             truncate_after_checkpoint: false,
             warm_on_open: false,
+            background_warm: true,
             metrics: None,
             fence: FenceConfig::default(),
             register_on_first_write: false,
@@ -130,6 +147,10 @@ impl<M: StateMachine> EngineBuilder<M> {
             file_store: Vec::new(),
             sweep_expired_leases: true,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            owner_lease: super::liveness::DEFAULT_OWNER_LEASE,
+            renew_owner_lease: true,
+            switches: Default::default(),
+            listener: None,
         }
     }
 
@@ -329,9 +350,16 @@ impl<M: StateMachine> EngineBuilder<M> {
         self
     }
 
-    /// The owner id this engine serves namespaces as (SPEC F11). Engines sharing one store
-    /// need distinct ids; each id has its own incarnations, and a namespace's owner row names
-    /// the id holding it. 1 to 64 bytes of `[a-z0-9._-]`. Default: `"default"`.
+    /// The owner id this engine serves namespaces as (SPEC F11, F12). Engines sharing one
+    /// store need distinct ids; each id has its own incarnations, and a namespace's owner row
+    /// names the id holding it. At most one incarnation of an id is live at a time: an engine
+    /// opened with the id of a live one (whose owner lease has not expired, see
+    /// [`owner_lease`](Self::owner_lease)) is refused with
+    /// [`OwnerLive`](crate::Error::OwnerLive), in this process or another; so two processes
+    /// that both leave the default never collide silently (the second is refused), and a
+    /// process restarted after a crash opens once its previous incarnation's lease expired (at
+    /// once on a file store, whose directory lock proves that incarnation ended). 1 to 64
+    /// bytes of `[a-z0-9._-]`. Default: `"default"`.
     ///
     /// # Examples
     ///
@@ -424,9 +452,12 @@ impl<M: StateMachine> EngineBuilder<M> {
     }
 
     /// Whether the first call on a namespace nobody holds adopts it, as [`Engine::own`]
-    /// would (SPEC F11). It never adopts a namespace another owner holds at its current epoch,
-    /// nor one this engine was fenced out of or released. Turn it off when namespaces move
-    /// between engines, so that only an explicit [`Engine::own`] serves one. Default: true.
+    /// would (SPEC F11, F12). It never takes a namespace from another owner (even one whose
+    /// epoch was bumped: taking it needs [`Engine::take_over`]), nor adopts one this engine was
+    /// fenced out of or released; it restarts one an earlier, crashed incarnation of this
+    /// owner id held. The warm and `fold_all` adopt the same way, and leave other owners'
+    /// namespaces alone. Turn it off when namespaces move between engines, so that only an
+    /// explicit [`Engine::own`] serves one. Default: true.
     ///
     /// # Examples
     ///

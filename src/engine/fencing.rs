@@ -16,17 +16,20 @@ impl<M: StateMachine> Engine<M> {
     ///
     /// Adopting a namespace this engine already serves returns its grant while that is still
     /// the current epoch (one store read). If the epoch was bumped since (by this engine or
-    /// another) and no write has learned it yet, that holding is stale: it is deposed, as a
+    /// another) and nothing has learned it yet, that holding is stale: it is deposed, as a
     /// write meeting [`Fenced`](crate::Error::Fenced) would, and the namespace adopted again
     /// as below. Adopting one this engine was fenced out of (or released) takes it again at
     /// the current epoch and restores its entities afresh; do that only once this engine should
     /// own it again.
     ///
-    /// Refused with [`NotServed`](crate::Error::NotServed) while another owner holds the
-    /// namespace at the current epoch: to take it over, bump the epoch
-    /// ([`Engine::bump_epoch`]) and run [`Engine::revoke_step`] until it answers `Complete`
-    /// first, so no write of the old owner can commit any more. A take-over from an owner that did not release the namespace (it
-    /// died, or was deposed) runs the unclean-restart repair once per entity (SPEC R3).
+    /// Adopting a namespace another owner holds, or at an epoch above the one its holder
+    /// adopted it at (this engine's own too), needs proof that revocation completed at the
+    /// current epoch (SPEC F12): bump the epoch ([`Engine::bump_epoch`]) and run
+    /// [`Engine::revoke_step`] until it answers `Complete` first, so no write of the old owner
+    /// can commit any more, or use [`Engine::take_over`], which does all three. Until then it
+    /// is refused with [`NotServed`](crate::Error::NotServed), naming the holder and what is
+    /// missing. A take-over from an owner that did not release the namespace (it died, or was
+    /// deposed) runs the unclean-restart repair once per entity (SPEC R3).
     ///
     /// # Examples
     ///
@@ -142,7 +145,7 @@ impl<M: StateMachine> Engine<M> {
     /// ```
     pub fn release_namespace(&self, ns: &Namespace) -> Result<()> {
         let _open = self.enter()?;
-        let all_repaired = self.inner.restorer.all_repaired_in(ns);
+        let all_repaired = self.inner.restorer.all_repaired_in(ns, None);
         self.inner.owners.release(ns, all_repaired)
     }
 
@@ -276,7 +279,7 @@ impl<M: StateMachine> Engine<M> {
     /// # }
     /// ```
     pub fn sweeper(&self) -> Option<&SweeperHandle> {
-        self.inner.sweeper.get()
+        self.inner.sweeper.get().and_then(Option::as_ref)
     }
 
     /// A namespace's current epoch (0 before the first bump).

@@ -15,6 +15,7 @@ use super::{DEFAULT_SWEEP_INTERVAL, Engine};
 use crate::error::Error;
 use crate::fence::FenceConfig;
 use crate::restore::{Metrics, StateMachine};
+use crate::spawn::Spawner;
 
 impl<M: StateMachine> EngineBuilder<M> {
     /// Whether a write ([`Engine::write`], [`Engine::append`], [`Engine::defer`] and their
@@ -164,6 +165,70 @@ impl<M: StateMachine> EngineBuilder<M> {
         self
     }
 
+    /// Where the warm, background revocation and the engine's background thread start (SPEC
+    /// E9). Default: a rayon pool of [`pool_threads`](Self::pool_threads) threads of the
+    /// engine's own (a spawner given here is used as it is, and neither `pool_threads` nor
+    /// [`pool_stack_size`](Self::pool_stack_size) applies).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Spawner, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .spawner(Spawner::global()) // rayon's global pool
+    ///     .open()?;
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn spawner(mut self, spawner: Spawner) -> Self {
+        self.spawner = Some(spawner);
+        self
+    }
+
+    /// The stack size of each thread of the engine's pool, in bytes: the state machine runs
+    /// there during a warm, so a machine that recurses deeply (or a runtime it calls into,
+    /// like an interpreter) may need more than the default. Default: Rust's default for new
+    /// threads (2 MiB, or `RUST_MIN_STACK`). At least 64 KiB.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .pool_stack_size(16 << 20) // 16 MiB per pool thread
+    ///     .open()?;
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn pool_stack_size(mut self, bytes: usize) -> Self {
+        self.pool_stack_size = Some(bytes);
+        self
+    }
+
     /// How long [`Engine::close`] (and a drop of the last handle) waits for the warm, the
     /// background drivers and calls in flight before it gives up with `Unavailable` and leaves
     /// the incarnation not marked clean (SPEC R11). Default: 30 s.
@@ -292,7 +357,10 @@ impl<M: StateMachine> EngineBuilder<M> {
         self
     }
 
-    /// Whether opening starts a background warm at once (SPEC R6). Default: false.
+    /// Whether opening starts a warm of every pending entity at once (SPEC R6), as
+    /// [`Engine::warm`](super::Engine::warm) would (it adopts, on first use, namespaces nobody
+    /// holds). Default: false. What entities owe (repairs, deferred work) is delivered by the
+    /// background warm either way ([`background_warm`](Self::background_warm)).
     ///
     /// # Examples
     ///
@@ -319,6 +387,47 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// ```
     pub fn warm_on_open(mut self, warm: bool) -> Self {
         self.warm_on_open = warm;
+        self
+    }
+
+    /// Whether the background warm runs (SPEC R6, R3, R8). Default: true.
+    ///
+    /// An entity's owed unclean-restart repairs and the work deferred to it while it was
+    /// pending are applied inside its restore unit, so an entity nobody touches would keep them
+    /// for ever. The background warm restores, one entity at a time on the engine's pool, the
+    /// pending entities of every namespace this engine adopts (and, at open, those it holds or
+    /// resumes after its own crash), each pending entity work is deferred to, and each one a
+    /// revocation pushes to. It yields to other work on the pool, never adopts a namespace
+    /// another owner holds, and close stops it. Turn it off to have entities restore only on
+    /// their first touch or an explicit [`Engine::warm`](super::Engine::warm) (tests that count
+    /// restore units do, to stay deterministic). Its progress is in
+    /// [`EngineStats::background`](super::EngineStats::background).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .background_warm(false) // restore only on touch
+    ///     .open()?;
+    /// assert!(engine.stats().background.warm.is_none());
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn background_warm(mut self, on: bool) -> Self {
+        self.background_warm = on;
         self
     }
 
@@ -418,6 +527,88 @@ impl<M: StateMachine> EngineBuilder<M> {
     /// ```
     pub fn sweep_interval(mut self, interval: std::time::Duration) -> Self {
         self.sweep_interval = interval;
+        self
+    }
+
+    /// How long this engine's owner lease lasts (SPEC F12): the engine's incarnation is live
+    /// while it renews the lease, and another engine with its owner id is refused at open until
+    /// the lease has expired. Renewed in the background every
+    /// `(owner_lease - lease_margin_ms) / 2` (with [`renew_owner_lease`](Self::renew_owner_lease)),
+    /// and the engine serves only until `owner_lease - lease_margin_ms` after the start of its
+    /// last successful renewal (a call after that renews first): so a deposed owner stops
+    /// serving reads at most that long after the take-over's bump (docs/fencing.md). Default:
+    /// 10 s ([`DEFAULT_OWNER_LEASE`](super::DEFAULT_OWNER_LEASE)); must exceed the fence's
+    /// `lease_margin_ms` (5 s by default), which bounds clock skew.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .owner_lease(std::time::Duration::from_secs(20)) // renewed every 7.5 s
+    ///     .open()?;
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn owner_lease(mut self, lease: std::time::Duration) -> Self {
+        self.owner_lease = lease;
+        self
+    }
+
+    /// Whether the engine renews its owner lease in the background (SPEC F12): a thread of its
+    /// own, every `(owner_lease - lease_margin_ms) / 2` of real time. Default: true. Off, the
+    /// lease is renewed only by the calls that find it about to lapse (and by
+    /// [`Engine::renew_owner_lease`]): an engine left idle longer than its lease is then
+    /// taken for crashed by other engines (so `take_over` needs no `force`), and one deposed
+    /// while idle learns it at its next call. For deterministic simulations, which must start
+    /// no background work on real time.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Rejection, Typed, TypedMachine};
+    ///
+    /// struct Total; // the sum of the numbers written
+    /// impl TypedMachine for Total {
+    ///     type Record = u64;
+    ///     type State = u64;
+    ///     fn fresh(&self, _: &EntityId) -> u64 { 0 }
+    ///     fn apply(&self, t: &mut u64, _: &ApplyContext, n: u64) -> Result<(), Rejection> { *t += n; Ok(()) }
+    /// }
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Typed(Total))
+    ///     .store(store)
+    ///     .renew_owner_lease(false)
+    ///     .open()?;
+    /// engine.renew_owner_lease()?; // the application renews when it likes
+    /// engine.close()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn renew_owner_lease(mut self, renew: bool) -> Self {
+        self.renew_owner_lease = renew;
+        self
+    }
+
+    /// Test-only negative controls (feature `test-hooks`): turns ownership and liveness guards
+    /// off, one per switch, so tests can show they catch each removal.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn owner_switches_for_test(mut self, switches: super::OwnerSwitches) -> Self {
+        self.switches = switches;
         self
     }
 

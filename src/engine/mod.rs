@@ -1,26 +1,37 @@
 //! The public blocking API (SPEC E2): configuration, the rayon pool, the clock and telemetry,
 //! over [`crate::restore`] and, for writes, epoch fencing ([`crate::fence`]).
 //!
-//! Owns: [`Engine`] (open, register, read, write, defer, checkpoint, warm, release, bump,
-//! revoke, mark recovered, stats, close), its [`EngineBuilder`], the incarnation rows in the
-//! reserved system partition `s/engine`, and the write path. Calls restore, log and fence;
-//! never the other way.
+//! Owns: [`Engine`] (open, register, read, write, try write, defer, refused deferrals,
+//! checkpoint, warm, release, bump, revoke, mark recovered, stats, backup, close), its
+//! [`EngineBuilder`], the incarnation rows in the reserved system partition `s/engine`, and the
+//! write path. Calls restore, log and fence; never the other way.
 //!
 //! Handles are `Send + Sync` and cheap to clone: clones share one engine.
 //!
 //! This file holds the handle, its shared state and the per-entity reads; the other calls sit
 //! one job per file: `config.rs` and `limits.rs` (the builder), `open.rs` (opening),
-//! `write.rs`, `checkpoint.rs`, `restored.rs` (warm, fold, containment), `history.rs`,
-//! `memory.rs` (passivation), `fencing.rs` (ownership and fencing), `lifecycle.rs` (close).
+//! `write.rs`, `check.rs` (refusing before writing), `checkpoint.rs`, `restored.rs` (warm,
+//! fold, containment), `history.rs`, `memory.rs` (passivation), `fencing.rs` (ownership and
+//! fencing), `takeover.rs` (`take_over`, `owner_of`), `lifecycle.rs` (close), `backup.rs`
+//! (online backup, delegated to the store); and the ownership machinery they share: `owner.rs`
+//! and `owner/live.rs` (holdings, owner rows, adoption), `liveness.rs` (the owner lease and its
+//! renewer), `incarnation.rs`, `owned_store.rs` (the fenced store view), `switches.rs`
+//! (test-only guard switches).
 
+mod background;
+mod backup;
+mod check;
 mod checkpoint;
 mod config;
+mod duty;
 mod fencing;
 mod history;
 mod incarnation;
 mod lifecycle;
 mod limits;
+mod liveness;
 mod memory;
+mod observe;
 mod open;
 mod options;
 mod owned_store;
@@ -28,16 +39,26 @@ mod owner;
 mod restored;
 mod settle;
 mod stats;
+mod switches;
+mod takeover;
 mod write;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::OnceLock;
 
+use crate::sync::Mutex;
+
+pub use background::BackgroundStats;
 pub use config::{DEFAULT_SWEEP_INTERVAL, EngineBuilder};
 pub use history::History;
 pub(crate) use incarnation::describe as describe_incarnation;
-pub use stats::EngineStats;
+pub use liveness::DEFAULT_OWNER_LEASE;
+pub use observe::HeldNamespace;
+pub use stats::{EngineStats, OwnerLeaseStats};
+#[cfg(feature = "test-hooks")]
+pub use switches::OwnerSwitches;
+pub use takeover::{NamespaceOwner, TakeOver};
 pub use write::{Deferred, Written};
 
 use crate::clock::SharedClock;
@@ -46,6 +67,7 @@ use crate::error::{Error, Result};
 use crate::fence::{Fence, SweeperHandle};
 use crate::log::Guarded;
 use crate::restore::{self, Containment, ReasonKind, Restorer, StateMachine, Warm};
+use crate::spawn::Spawner;
 use crate::store::Store;
 use incarnation::Incarnation;
 use owned_store::OwnedStore;
@@ -56,12 +78,15 @@ use owner::Owners;
 /// See [`EngineBuilder`] for an example.
 pub struct Engine<M: StateMachine> {
     inner: Arc<Inner<M>>,
+    /// Shared by the application's handles only: the engine's own threads hold `inner`.
+    handles: Arc<lifecycle::LastHandle<M>>,
 }
 
 impl<M: StateMachine> Clone for Engine<M> {
     fn clone(&self) -> Self {
         Engine {
             inner: Arc::clone(&self.inner),
+            handles: Arc::clone(&self.handles),
         }
     }
 }
@@ -87,7 +112,9 @@ struct Inner<M: StateMachine> {
     /// Whether this engine opened the store itself (from a directory) and so closes it.
     owns_store: bool,
     /// The engine's pool: the warm and background drivers run here (SPEC R6, R11).
-    pool: Arc<rayon::ThreadPool>,
+    /// Where the warm and the fence's drivers and sweeper start (SPEC E9): the engine's own
+    /// rayon pool unless the builder was given a spawner.
+    spawner: Spawner,
     clock: SharedClock,
     incarnation: Incarnation,
     warm_parallelism: usize,
@@ -99,13 +126,22 @@ struct Inner<M: StateMachine> {
     /// The epoch fence every write commits through (SPEC F2, F3).
     fence: Fence,
     /// The expired-lease sweeper over the namespaces this engine serves, started at the first
-    /// fenced adoption unless turned off.
-    sweeper: Arc<OnceLock<SweeperHandle>>,
+    /// fenced adoption unless turned off (`None`: it could not start).
+    sweeper: OnceLock<Option<SweeperHandle>>,
+    /// The engine's background thread: owner lease renewals (SPEC F12), the sweeper (F9) and
+    /// the background warm (R6).
+    background: background::Background,
+    /// What the background warm owes (`duty.rs`).
+    owed: Mutex<duty::Owed>,
+    /// The background warm most recently started.
+    background_warm: Mutex<Option<Warm>>,
     /// Calls in flight and whether close began (SPEC R11).
     lifecycle: lifecycle::Lifecycle,
     /// How long `close` waits for the warm, drivers and calls in flight.
     close_timeout: std::time::Duration,
     warm: Mutex<Option<Warm>>,
+    /// The listener's hub, the budgets the stats show, and the health switch (SPEC E8).
+    watch: observe::EngineWatch,
 }
 
 impl<M: StateMachine> Engine<M> {
@@ -276,7 +312,10 @@ impl<M: StateMachine> Engine<M> {
         self.inner.restorer.register(entity)
     }
 
-    /// Every registered entity, in name order. Lists partition names: O(entities), no rows.
+    /// Every registered entity, in name order. Lists partition names and reads each one's
+    /// registration marker: O(entities) small reads. (A partition the fence alone wrote, a lease
+    /// for an entity never registered, is no entity: it is not listed, a touch of it answers
+    /// [`Error::UnknownEntity`], and [`register`](Self::register) registers it.)
     ///
     /// # Examples
     ///
@@ -366,10 +405,12 @@ impl<M: StateMachine> Engine<M> {
             let mut state = slot.state();
             // Checked under the state lock: a write that contains the entity does so while
             // holding this lock, so a restored phase here means the state is trustworthy.
-            if slot.is_restored()
+            // Restored under the holding the namespace is served under now: state restored
+            // under an earlier one is stale, and `ensure` restores it again (SPEC F11).
+            if self.inner.restorer.is_current(slot)
                 && let Some(loaded) = state.as_mut()
             {
-                let _holding = self.inner.restorer.holding(slot.entity());
+                let _holding = self.inner.restorer.holding(slot);
                 return f(loaded);
             }
             drop(state);
@@ -428,15 +469,50 @@ impl<M: StateMachine> Engine<M> {
     /// # }
     /// ```
     pub fn stats(&self) -> EngineStats {
+        let store = self.inner.store.stats();
         EngineStats {
+            max_resident_entities: self.inner.watch.max_resident,
+            namespaces: self.held_namespaces(),
+            degraded: self.degraded(store.degraded.clone()),
             incarnation: self.inner.incarnation.number,
             unclean_previous: self.inner.incarnation.unclean_previous,
             phases: self.inner.restorer.phase_counts(),
             units_run: self.inner.restorer.units_run(),
             passivation: self.inner.restorer.passivation_stats(),
             warm: self.current_warm().map(|w| w.progress()),
-            store: self.inner.store.stats(),
+            store,
+            owner_lease: {
+                let liveness = &self.inner.owners.liveness;
+                let (renewals, failed_renewals) = liveness.counts();
+                OwnerLeaseStats {
+                    renewals,
+                    failed_renewals,
+                    valid_until_ms: liveness.valid_until_ms(),
+                }
+            },
+            background: {
+                let (running, restarts, last_death) = self.inner.background.stats();
+                BackgroundStats {
+                    running,
+                    restarts,
+                    last_death,
+                    warm: self.background_warm_progress(),
+                }
+            },
         }
+    }
+
+    /// The engine's state machine, shared: the typed layer decodes history with it (SPEC E7).
+    pub(crate) fn shared_machine(&self) -> Arc<M> {
+        Arc::clone(&self.inner.restorer.machine)
+    }
+
+    /// Test-only negative control: a checkpoint the machine does not decode contains its
+    /// entity, as before SPEC E7, even when the whole history could be replayed instead.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn set_checkpoint_fallback_off_for_test(&self, off: bool) {
+        self.inner.restorer.fallback.set_off(off);
     }
 
     /// Test-only negative control: commits the engine's entity batches without the fence, as

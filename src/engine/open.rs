@@ -6,18 +6,24 @@
 //! default file store and read its clock), [`crate::restore`], [`crate::fence`] and the engine's
 //! incarnation and owner modules; runs no application code.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::OnceLock;
 
+use crate::sync::Mutex;
+
+use super::background::{Background, Duties};
+use super::liveness::Liveness;
 use super::owned_store::OwnedStore;
-use super::owner::{self, Owners};
+use super::owner::Owners;
 use super::{Engine, EngineBuilder, Inner, incarnation, lifecycle};
 use crate::clock::{Clock, SharedClock, SystemClock};
 use crate::entity::Namespace;
 use crate::error::{Error, Result};
 use crate::fence::Fence;
+use crate::observe::Events;
 use crate::restore::{RestoreConfig, Restorer, StateMachine};
+use crate::spawn::Spawner;
 use crate::store::{FileStore, Store};
 
 impl<M: StateMachine> EngineBuilder<M> {
@@ -54,8 +60,18 @@ impl<M: StateMachine> EngineBuilder<M> {
                 "pool_threads and warm_parallelism must be at least 1",
             ));
         }
+        if self.pool_stack_size.is_some_and(|bytes| bytes < 64 << 10) {
+            return Err(Error::invalid("pool_stack_size must be at least 64 KiB"));
+        }
         if self.sweep_interval.is_zero() {
             return Err(Error::invalid("sweep_interval must be above zero"));
+        }
+        let margin = self.fence.lease_margin_ms();
+        if self.owner_lease.as_millis() <= u128::from(margin) + 1 {
+            return Err(Error::invalid(format!(
+                "owner_lease must exceed the fence's lease margin ({margin} ms), which bounds \
+                 clock skew: give a longer owner lease or a smaller margin"
+            )));
         }
         if self.max_resident_entities == Some(0) {
             return Err(Error::invalid(
@@ -72,6 +88,11 @@ impl<M: StateMachine> EngineBuilder<M> {
             ));
         }
         super::incarnation::check_owner(&self.owner)?;
+        let _span = crate::observe::span!("portcullis.engine.open", owner = self.owner);
+        let events = match &self.listener {
+            Some((listener, at_emit)) => Events::new(Arc::clone(listener), *at_emit),
+            None => Events::default(),
+        };
         let (store, owns_store) = match &self.store {
             Some(store) => {
                 if let Some(clock) = &self.clock {
@@ -93,13 +114,21 @@ impl<M: StateMachine> EngineBuilder<M> {
                 for configure in self.file_store.drain(..) {
                     builder = configure(builder);
                 }
-                let store: Arc<dyn Store> = Arc::new(builder.clock(clock).open()?);
+                builder = builder.clock(clock);
+                // The store the engine opens tells the engine's listener (SPEC E8).
+                if events.is_on() {
+                    builder = builder.engine_events(events.clone());
+                }
+                let store: Arc<dyn Store> = Arc::new(builder.open()?);
                 (store, true)
             }
         };
-        Engine::open_with(self, store, owns_store)
+        Engine::open_with(self, store, owns_store, events)
     }
 }
+
+/// The longest owner lease an engine takes (a day): longer settings are capped.
+const MAX_OWNER_LEASE_MS: u64 = 24 * 3_600_000;
 
 /// How far apart (ms) the given clock and the store's may read at open and still be taken for
 /// one clock: enough for two reads of the same system clock, far below any lease margin.
@@ -130,18 +159,41 @@ impl<M: StateMachine> Engine<M> {
         config: EngineBuilder<M>,
         store: Arc<dyn Store>,
         owns_store: bool,
+        events: Events,
     ) -> Result<Self> {
         // One clock (SPEC E4): the engine and the fence read the store's clock, the one
         // `NotAfter` deadlines are checked against.
         let clock: SharedClock = Arc::new(StoreClock(Arc::clone(&store)));
-        let incarnation = incarnation::begin(&*store, &config.owner)?;
-        let fence = Fence::new(Arc::clone(&store), Arc::clone(&clock), config.fence);
-        let owners = Arc::new(Owners::new(
+        // The owner lease (SPEC F12), on the engine's clock; capped so no setting overflows.
+        let lease_ms = u64::try_from(config.owner_lease.as_millis())
+            .unwrap_or(u64::MAX)
+            .min(MAX_OWNER_LEASE_MS);
+        let margin_ms = config.fence.lease_margin_ms();
+        let began_at = clock.now_ms();
+        // Refused while another incarnation of this owner id is live (SPEC F12).
+        let incarnation = incarnation::begin(
+            &*store,
+            &config.owner,
+            (began_at, lease_ms),
+            config.switches.ignore_live_incarnation,
+        )?;
+        let liveness = Arc::new(Liveness::new(
             Arc::clone(&store),
-            fence.clone(),
+            Arc::clone(&clock),
             config.owner.clone(),
-            incarnation.number,
+            incarnation.clone(),
+            (lease_ms, margin_ms),
+            began_at,
+        ));
+        let fence = Fence::new(Arc::clone(&store), Arc::clone(&clock), config.fence);
+        // Revocations, depositions and sweeps are told through the fence (SPEC E8).
+        fence.set_events(events.clone());
+        let owners = Arc::new(Owners::new(
+            (Arc::clone(&store), fence.clone()),
+            (config.owner.clone(), incarnation.number),
             config.adopt_on_first_use,
+            Arc::clone(&liveness),
+            config.switches,
         ));
         let owned = Arc::new(OwnedStore::new(
             Arc::clone(&store),
@@ -151,116 +203,118 @@ impl<M: StateMachine> Engine<M> {
         let owners_for_units = Arc::clone(&owners);
         let owners_for_deferrals = Arc::clone(&owners);
         let owners_for_slots = Arc::clone(&owners);
+        let owners_for_terms = Arc::clone(&owners);
         let restore_config = RestoreConfig {
             checkpoint_tail_bound: config.checkpoint_tail_bound,
             incarnation: incarnation.number,
             owed_repairs: Arc::new(move |ns: &Namespace| {
-                owners_for_units.serving(ns).map(|h| h.owed)
+                owners_for_units.serving(ns).map(|h| (h.term, h.owed))
             }),
             defer_term: Arc::new(move |ns: &Namespace| {
                 owners_for_deferrals.serving(ns).map(|h| h.term)
             }),
             owed_now: Arc::new(move |ns: &Namespace| owners_for_slots.held(ns).map(|h| h.owed)),
+            clock: Arc::clone(&clock),
+            events: events.clone(),
+            term_now: Arc::new(move |ns: &Namespace| owners_for_terms.term_of(ns)),
+            guards: config.switches.restore_guards(),
         };
         let restorer = Arc::new(Restorer::new(
             Arc::clone(&owned) as Arc<dyn Store>,
             Arc::new(config.machine),
             restore_config,
-            config.metrics,
+            super::observe::restore_hook(config.metrics, &events),
             config.max_resident_entities,
         ));
+        let planned = Arc::downgrade(&restorer);
+        owned.set_planned_term(Box::new(move |entity| {
+            planned.upgrade().and_then(|r| r.planned_term(entity))
+        }));
         let forget = Arc::downgrade(&restorer);
-        owners.set_on_readopt(Box::new(move |ns| {
+        owners.set_on_readopt(Box::new(move |ns, wait| {
             if let Some(restorer) = forget.upgrade() {
-                restorer.forget_namespace(ns);
+                restorer.forget_namespace(ns, wait);
             }
         }));
-        let pool = Arc::new(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(config.pool_threads)
-                .thread_name(|i| format!("portcullis-{i}"))
-                .build()
+        let spawner = match config.spawner {
+            Some(spawner) => spawner,
+            None if crate::sync::simulating() => Spawner::default(),
+            None => Spawner::new_pool(config.pool_threads, config.pool_stack_size, "portcullis")
                 .map_err(|e| Error::invalid(format!("could not start the thread pool: {e}")))?,
-        );
+        };
         // Background revocation runs on the engine's pool, and close stops it (SPEC R11).
-        fence.set_pool(Arc::clone(&pool));
-        // Expired leased-shard rows are swept in the background, so they never pile up: the
-        // sweeper starts when the engine first serves a fenced namespace (one that serves only
-        // unfenced namespaces has no rows, and runs none); close stops it with the drivers.
-        let sweeper = Arc::new(OnceLock::new());
-        if config.sweep_expired_leases {
-            let (slot, fence) = (Arc::clone(&sweeper), fence.clone());
-            let (held, interval) = (Arc::downgrade(&owners), config.sweep_interval);
-            owners.set_on_adopt(Box::new(move |mode| {
-                if mode != owner::Mode::Fenced || slot.get().is_some() {
-                    return;
-                }
-                let held = held.clone();
-                let served = move || {
-                    held.upgrade().map_or_else(Vec::new, |o| {
-                        o.all_held().into_iter().map(|(ns, _)| ns).collect()
-                    })
-                };
-                match fence.sweep_in_background(interval, Box::new(served)) {
-                    Ok(handle) => {
-                        let _ = slot.set(handle);
-                    }
-                    Err(e) => ::log::warn!("the expired-lease sweeper did not start: {e}"),
-                }
-            }));
-        }
+        fence.set_spawner(spawner.clone());
+        // The engine's background thread (SPEC F9, F12, R6): owner lease renewals unless turned
+        // off, the expired-lease sweeper (installed at the first fenced adoption), and the
+        // background warm unless turned off. It holds the owners, not the engine.
+        let renew: Option<(std::time::Duration, super::background::Renew)> =
+            config.renew_owner_lease.then(|| {
+                let interval = std::time::Duration::from_millis(
+                    (lease_ms.saturating_sub(margin_ms) / 2).max(1),
+                );
+                let renewing = Arc::clone(&owners);
+                let renew: super::background::Renew = Box::new(move || renewing.renew());
+                (interval, renew)
+            });
+        let background = Background::new(
+            Duties {
+                renew,
+                warm: OnceLock::new(),
+                warm_on: config.background_warm,
+            },
+            config.switches.background_death_unwatched,
+            Arc::clone(&clock),
+            spawner.clone(),
+            events.clone(),
+        );
         ::log::info!(
             "engine open: owner {:?}, incarnation {}; entities restore on first touch",
             config.owner,
             incarnation.number
         );
+        let inner = Arc::new(Inner {
+            restorer,
+            store,
+            owned,
+            owners,
+            owns_store,
+            spawner,
+            clock,
+            incarnation,
+            warm_parallelism: config.warm_parallelism,
+            truncate_after_checkpoint: config.truncate_after_checkpoint,
+            register_on_first_write: config.register_on_first_write,
+            checkpoint_every: config.checkpoint_every,
+            fence,
+            sweeper: OnceLock::new(),
+            background,
+            owed: Mutex::new(Default::default()),
+            background_warm: Mutex::new(None),
+            lifecycle: lifecycle::Lifecycle::default(),
+            close_timeout: config.close_timeout,
+            warm: Mutex::new(None),
+            watch: super::observe::EngineWatch::new(events, config.max_resident_entities),
+        });
         let engine = Engine {
-            inner: Arc::new(Inner {
-                restorer,
-                store,
-                owned,
-                owners,
-                owns_store,
-                pool,
-                clock,
-                incarnation,
-                warm_parallelism: config.warm_parallelism,
-                truncate_after_checkpoint: config.truncate_after_checkpoint,
-                register_on_first_write: config.register_on_first_write,
-                checkpoint_every: config.checkpoint_every,
-                fence,
-                sweeper,
-                lifecycle: lifecycle::Lifecycle::default(),
-                close_timeout: config.close_timeout,
-                warm: Mutex::new(None),
-            }),
+            handles: Arc::new(super::lifecycle::LastHandle(Arc::clone(&inner))),
+            inner,
         };
+        engine.inner.install_duties(
+            &engine.inner,
+            config.sweep_expired_leases.then_some(config.sweep_interval),
+            config.switches.revocation_restores_inline,
+        );
+        if config.renew_owner_lease || config.sweep_expired_leases || config.background_warm {
+            engine.inner.background.start()?;
+        }
+        engine.inner.owe_at_open();
         for (ns, mode) in &config.own {
             engine.inner.owners.adopt(ns, *mode, false)?;
         }
-        // A revocation push is a touch too (SPEC R2): restore the entity before its lease
-        // changes, if this engine serves its namespace (a namespace being taken over is not
-        // restored here: state read before the take-over completes could be stale). A refusal
-        // does not stop revocation: the lease is pushed either way.
-        let restorer = Arc::downgrade(&engine.inner.restorer);
-        let owners = Arc::downgrade(&engine.inner.owners);
-        engine
-            .inner
-            .fence
-            .set_push_observer(Arc::new(move |entity| {
-                let serves = owners
-                    .upgrade()
-                    .is_some_and(|o| o.held(entity.namespace()).is_some());
-                if serves
-                    && let Some(restorer) = restorer.upgrade()
-                    && let Err(e) = restorer.touch(entity)
-                {
-                    ::log::debug!("revocation touched {entity}, which answered: {e}");
-                }
-            }));
         if config.warm_on_open {
             engine.warm()?;
         }
+        engine.inner.watch.events.deliver();
         Ok(engine)
     }
 }

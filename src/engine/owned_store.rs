@@ -9,8 +9,8 @@
 //! partition, coordinators) pass through unchanged. Closing this view closes nothing: the
 //! store's lifetime belongs to whoever opened it.
 
+use crate::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::owner::{Mode, Owners};
 use crate::entity::EntityId;
@@ -20,11 +20,17 @@ use crate::store::{
     Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, Store, StoreLimits, StoreStats,
 };
 
+/// The term of the holding a write for an entity on this thread was planned under.
+pub(crate) type PlannedTerm = Box<dyn Fn(&EntityId) -> Option<u64> + Send + Sync>;
+
 /// See the module documentation.
 pub(crate) struct OwnedStore {
     raw: Arc<dyn Store>,
     fence: Fence,
     owners: Arc<Owners>,
+    /// The term of the holding a write on this thread was planned under, if any (the restore
+    /// registry's thread marks); set once the registry exists.
+    planned_term: std::sync::OnceLock<PlannedTerm>,
     /// Test-only negative control (feature `test-hooks`): commit entity batches without the
     /// fence, as the engine did before SPEC F11.
     bypass_fence: AtomicBool,
@@ -36,8 +42,13 @@ impl OwnedStore {
             raw,
             fence,
             owners,
+            planned_term: std::sync::OnceLock::new(),
             bypass_fence: AtomicBool::new(false),
         }
+    }
+
+    pub(crate) fn set_planned_term(&self, f: PlannedTerm) {
+        let _ = self.planned_term.set(f);
     }
 
     #[cfg(feature = "test-hooks")]
@@ -48,6 +59,20 @@ impl OwnedStore {
     fn apply_to_entity(&self, entity: &EntityId, p: &Partition, batch: &Batch) -> Result<Outcome> {
         let ns = entity.namespace();
         let holding = self.owners.serving(ns)?;
+        // A restore unit, or a call holding the entity's state, works on state of one holding:
+        // its writes commit only under that holding, never under one adopted since (SPEC F11).
+        if let Some(planned) = self.planned_term.get().and_then(|f| f(entity))
+            && planned != holding.term
+        {
+            return Err(Error::NotServed {
+                namespace: ns.to_string(),
+                detail: format!(
+                    "it was adopted again (term {}) while this call worked on state restored \
+                     under term {planned}; nothing was written: retry the call",
+                    holding.term
+                ),
+            });
+        }
         if holding.mode == Mode::Unfenced {
             return self.raw.apply(p, batch);
         }
@@ -132,6 +157,10 @@ impl Store for OwnedStore {
 
     fn evaluates_deadlines(&self) -> bool {
         self.raw.evaluates_deadlines()
+    }
+
+    fn exclusive_handle(&self) -> Option<u64> {
+        self.raw.exclusive_handle()
     }
 
     fn stats(&self) -> StoreStats {

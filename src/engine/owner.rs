@@ -15,28 +15,42 @@
 //! Adoption compare-and-sets it:
 //! - absent or released: a clean hand-over, nothing new is owed;
 //! - held by an earlier incarnation of this same owner: that incarnation died, its term is owed;
-//! - held by another owner at an older epoch than the current one: a take-over (the epoch was
-//!   bumped; revocation must have completed), the old holder's term is owed, since the engine
-//!   cannot tell a dead owner from a stalled one;
-//! - held by another owner at the current epoch: refused ([`Error::NotServed`]); taking it needs
-//!   a bump and a completed revocation, or the holder's release.
+//! - held by an earlier incarnation of this same owner at the current epoch: that incarnation
+//!   crashed (this engine could open only once its lease expired), its term is owed;
+//! - held by another owner (or by an earlier incarnation of this one at an older epoch): a
+//!   take-over, only by an explicit adoption that reads proof that revocation completed at the
+//!   current epoch and commits guarded on that proof (SPEC F12); the old holder's term is owed,
+//!   since the engine cannot tell a dead owner from a stalled one. Anything else is refused
+//!   ([`Error::NotServed`], naming the holder and whether its lease is live): adoption on first
+//!   use never takes a namespace from another owner.
+//!
+//! While this engine's owner lease is not valid any more (`liveness`), every call renews it
+//! first; a renewal also re-reads the epoch and owner row of every namespace held and deposes
+//! those a take-over moved (SPEC F12: a deposed owner stops serving within a bound).
 //!
 //! Each owed term is repaired once per entity, in term order, each with its own label; a
 //! holder that releases the namespace (or closes cleanly) drops the owed terms only if it
 //! restored every entity of the namespace, and otherwise hands them on.
 //!
-//! Calls: the store (owner rows) and the fence (current epoch). No lock here is held across a
-//! store call except `adopting`, which serialises this engine's adoptions only.
+//! Calls: the store (owner rows), the fence (current epoch, completion proof) and `liveness`.
+//! No lock here is held across a store call except `adopting`, which serialises this engine's
+//! adoptions only, and the liveness's `renewing` (taken after `adopting`, never before).
 
-use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use crate::sync::HashMap;
+use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use crate::sync::OnceLock;
+
+use crate::sync::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
+mod live;
+
+use super::liveness::Liveness;
+use super::switches::OwnerSwitches;
 use crate::entity::Namespace;
 use crate::error::{Error, Result};
-use crate::fence::Fence;
+use crate::fence::{CoordinatorView, Fence};
 use crate::log::{decode_row, encode_row};
 use crate::store::{Batch, Outcome, Store};
 
@@ -47,16 +61,16 @@ pub(crate) const OWNER_KEY: &[u8] = b"engine.owner";
 const ROW_ATTEMPTS: usize = 8;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct OwnerRow {
-    owner: String,
-    incarnation: u64,
-    term: u64,
-    epoch: u64,
-    fenced: bool,
-    released: bool,
+pub(crate) struct OwnerRow {
+    pub(crate) owner: String,
+    pub(crate) incarnation: u64,
+    pub(crate) term: u64,
+    pub(crate) epoch: u64,
+    pub(crate) fenced: bool,
+    pub(crate) released: bool,
     /// Terms whose holders ended without releasing, in increasing order; each is repaired once
     /// per entity (SPEC R3).
-    owed: Vec<u64>,
+    pub(crate) owed: Vec<u64>,
 }
 
 /// How a namespace is served.
@@ -94,10 +108,12 @@ enum Status {
 
 /// Called with a namespace when this engine adopts it again after a holding ended: state
 /// restored under the old holding may be stale.
-pub(crate) type OnReadopt = Box<dyn Fn(&Namespace) + Send + Sync>;
+/// The flag says whether to wait for entities in use (only the negative control of
+/// `OwnerSwitches::readopt_under_adopting` does).
+pub(crate) type OnReadopt = Box<dyn Fn(&Namespace, bool) + Send + Sync>;
 
-/// Called after each adoption, with its mode.
-pub(crate) type OnAdopt = Box<dyn Fn(Mode) + Send + Sync>;
+/// Called after each adoption, with the namespace and its mode.
+pub(crate) type OnAdopt = Box<dyn Fn(&Namespace, Mode) + Send + Sync>;
 
 /// The namespaces this engine serves.
 pub(crate) struct Owners {
@@ -106,21 +122,23 @@ pub(crate) struct Owners {
     owner: String,
     incarnation: u64,
     adopt_on_first_use: bool,
+    pub(crate) liveness: Arc<Liveness>,
+    switches: OwnerSwitches,
     map: RwLock<HashMap<Namespace, Holding>>,
     adopting: Mutex<()>,
     on_readopt: OnceLock<OnReadopt>,
     on_adopt: OnceLock<OnAdopt>,
     /// Test-only negative control: see `set_skip_declaration`.
-    skip_declaration: std::sync::atomic::AtomicBool,
+    skip_declaration: crate::sync::atomic::AtomicBool,
 }
 
 impl Owners {
     pub(crate) fn new(
-        store: Arc<dyn Store>,
-        fence: Fence,
-        owner: String,
-        incarnation: u64,
+        (store, fence): (Arc<dyn Store>, Fence),
+        (owner, incarnation): (String, u64),
         adopt_on_first_use: bool,
+        liveness: Arc<Liveness>,
+        switches: OwnerSwitches,
     ) -> Self {
         Owners {
             store,
@@ -128,11 +146,13 @@ impl Owners {
             owner,
             incarnation,
             adopt_on_first_use,
-            map: RwLock::new(HashMap::new()),
+            liveness,
+            switches,
+            map: RwLock::new(HashMap::default()),
             adopting: Mutex::new(()),
             on_readopt: OnceLock::new(),
             on_adopt: OnceLock::new(),
-            skip_declaration: std::sync::atomic::AtomicBool::new(false),
+            skip_declaration: crate::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -151,6 +171,7 @@ impl Owners {
     /// The holding a call on `ns` runs under. Answers from memory when the namespace is held or
     /// deposed; adopts it first if it was never held and adoption on first use is on.
     pub(crate) fn serving(&self, ns: &Namespace) -> Result<Holding> {
+        self.live()?;
         if let Some(h) = self.map.read().get(ns) {
             return match h.status {
                 Status::Serving => Ok(h.clone()),
@@ -171,8 +192,11 @@ impl Owners {
         self.serving(ns)
     }
 
-    /// The holding of `ns`, if this engine holds it now.
+    /// The holding of `ns`, if this engine holds it now (answered from memory).
     pub(crate) fn held(&self, ns: &Namespace) -> Option<Holding> {
+        if self.liveness.superseded().is_some() {
+            return None;
+        }
         self.map
             .read()
             .get(ns)
@@ -180,22 +204,54 @@ impl Owners {
             .cloned()
     }
 
+    /// The term of the holding this engine serves `ns` under now, if it serves it (from memory,
+    /// no copy).
+    pub(crate) fn term_of(&self, ns: &Namespace) -> Option<u64> {
+        if self.liveness.superseded().is_some() {
+            return None;
+        }
+        self.map
+            .read()
+            .get(ns)
+            .filter(|h| h.status == Status::Serving)
+            .map(|h| h.term)
+    }
+
+    /// The namespace's coordinator (epoch, completion) and owner row, in one store call.
+    pub(crate) fn lookup(&self, ns: &Namespace) -> Result<(CoordinatorView, Option<OwnerRow>)> {
+        let view = self.fence.coordinator_view(ns, &[OWNER_KEY])?;
+        let p = ns.coordinator_partition();
+        let row = match &view.extra[0] {
+            Some(bytes) => Some(decode_row(&p, "namespace owner", bytes)?),
+            None => None,
+        };
+        Ok((view, row))
+    }
+
+    /// The switches this engine was opened with (all off outside tests).
+    pub(crate) fn switches(&self) -> OwnerSwitches {
+        self.switches
+    }
+
     /// Test-only negative control (feature `test-hooks`): adopt unfenced without declaring
     /// the namespace unfenced in the store, as the engine did before.
     #[cfg(feature = "test-hooks")]
     pub(crate) fn set_skip_declaration(&self, skip: bool) {
         self.skip_declaration
-            .store(skip, std::sync::atomic::Ordering::Relaxed);
+            .store(skip, crate::sync::atomic::Ordering::Relaxed);
     }
 
     #[cfg_attr(not(feature = "test-hooks"), inline(always))]
     fn skip_declaration(&self) -> bool {
         self.skip_declaration
-            .load(std::sync::atomic::Ordering::Relaxed)
+            .load(crate::sync::atomic::Ordering::Relaxed)
     }
 
     /// Every namespace this engine serves now.
     pub(crate) fn all_held(&self) -> Vec<(Namespace, Holding)> {
+        if self.liveness.superseded().is_some() {
+            return Vec::new();
+        }
         self.map
             .read()
             .iter()
@@ -212,21 +268,47 @@ impl Owners {
     /// adoption, which never takes a namespace back from a deposed or released holding (and
     /// makes no store call for a namespace it serves: a write learns of a bump soon enough).
     pub(crate) fn adopt(&self, ns: &Namespace, mode: Mode, first_use: bool) -> Result<u64> {
+        let (grant, adopted) = self.adopt_locked(ns, mode, first_use)?;
+        // With `adopting` released (SPEC R11): forgetting the old holding's state and starting
+        // the sweeper wait for nothing held by a call that may itself be waiting to adopt.
+        if let Some((readopted, mode)) = adopted {
+            if readopted
+                && !self.switches.readopt_under_adopting
+                && let Some(f) = self.on_readopt.get()
+            {
+                f(ns, false);
+            }
+            if let Some(f) = self.on_adopt.get() {
+                f(ns, mode);
+            }
+        }
+        Ok(grant)
+    }
+
+    /// [`adopt`](Self::adopt) under the `adopting` mutex. Answers the grant and, if this call
+    /// adopted the namespace, whether it held it before (a re-adoption) and the mode.
+    fn adopt_locked(
+        &self,
+        ns: &Namespace,
+        mode: Mode,
+        first_use: bool,
+    ) -> Result<(u64, Option<(bool, Mode)>)> {
         let _adopting = self.adopting.lock();
+        self.live()?;
         let previous = self.map.read().get(ns).cloned();
         if let Some(h) = &previous {
             match h.status {
                 Status::Serving if h.mode == mode => {
                     // Unfenced namespaces are never bumped (SPEC F11).
                     if first_use || mode == Mode::Unfenced {
-                        return Ok(h.grant);
+                        return Ok((h.grant, None));
                     }
                     // An explicit adoption answers the current epoch, not a grant a bump has
                     // made stale before any write learned it (SPEC F11: a stale owner stops
                     // serving at once).
                     let current = self.fence.current_epoch(ns)?;
                     if current == h.grant {
-                        return Ok(h.grant);
+                        return Ok((h.grant, None));
                     }
                     self.depose(ns, h.grant, current);
                 }
@@ -245,13 +327,15 @@ impl Owners {
                 Status::Deposed { current } if first_use => {
                     return Err(deposed(ns, h.grant, current));
                 }
-                _ if first_use => return self.serving(ns).map(|h| h.grant),
+                _ if first_use => return self.serving(ns).map(|h| (h.grant, None)),
                 _ => {}
             }
         }
         let p = ns.coordinator_partition();
         for _ in 0..ROW_ATTEMPTS {
-            let (epoch, declared) = self.fence.epoch_and_unfenced(ns)?;
+            let (view, old) = self.lookup(ns)?;
+            let (epoch, declared) = (view.epoch, view.unfenced);
+            let raw = view.extra[0].clone();
             // A namespace declared unfenced is unfenced for ever (SPEC F11): an implicit
             // adoption serves it so; an explicit fenced one is refused, since it promises a
             // hand-over by bump that the namespace can no longer offer.
@@ -266,11 +350,6 @@ impl Owners {
                 }
                 mode => mode,
             };
-            let raw = self.store.get(&p, OWNER_KEY)?;
-            let old: Option<OwnerRow> = match &raw {
-                Some(bytes) => Some(decode_row(&p, "namespace owner", bytes)?),
-                None => None,
-            };
             if mode == Mode::Unfenced && epoch > 0 {
                 return Err(Error::invalid(format!(
                     "namespace {ns} has been fenced (epoch {epoch}); it cannot be served unfenced"
@@ -278,23 +357,39 @@ impl Owners {
             }
             let mut owed = Vec::new();
             let mut term = 1;
+            // Whether this adoption takes the namespace over on the proof that revocation
+            // completed at the current epoch: then its write is guarded on that proof.
+            let mut proven = false;
             if let Some(old) = &old {
                 term = old.term + 1;
                 owed.clone_from(&old.owed);
                 if old.owner == self.owner && old.incarnation == self.incarnation {
-                    // Our own row: re-adopting after a release or a deposition that no other
-                    // owner followed up on.
+                    // Our own row: re-adopting after a release, or after a bump (whoever made
+                    // it) only on proof that revocation completed: before that, re-adopting
+                    // would take the namespace back from a take-over under way (SPEC F12).
+                    if !old.released && old.epoch < epoch {
+                        if first_use || !(view.complete || self.switches.adopt_without_completion) {
+                            return Err(self.refusal(ns, old, &view, first_use));
+                        }
+                        proven = true;
+                    }
                 } else if !old.released {
                     let ours_before = old.owner == self.owner && old.incarnation < self.incarnation;
-                    if !ours_before && old.epoch >= epoch {
-                        return Err(not_served(
-                            ns,
-                            &format!(
-                                "owner {:?} (incarnation {}) holds it at epoch {}; take it over \
-                                 (bump the epoch, revoke to Complete, then own) or have it released",
-                                old.owner, old.incarnation, old.epoch
-                            ),
-                        ));
+                    // An earlier incarnation of ours at the current epoch crashed: this engine
+                    // could open only once its lease had expired. Anyone else's namespace moves
+                    // only on proof that revocation completed at the current epoch (SPEC F12),
+                    // and never on first use.
+                    let restart = ours_before && old.epoch >= epoch;
+                    let old_style = first_use && self.switches.first_use_takes_over;
+                    if !restart && !old_style {
+                        let proof = old.epoch < epoch
+                            && (view.complete || self.switches.adopt_without_completion);
+                        if first_use || !proof {
+                            return Err(self.refusal(ns, old, &view, first_use));
+                        }
+                        proven = true;
+                    } else if old_style && old.epoch >= epoch && !ours_before {
+                        return Err(self.refusal(ns, old, &view, first_use));
                     }
                     // The old holder ended (or was deposed) without releasing: repair owed.
                     owed.push(old.term);
@@ -317,9 +412,14 @@ impl Owners {
                 owed,
             };
             let written = encode_row(&row);
+            let guarded = if proven && !self.switches.unguarded_proof {
+                view.guard(Batch::new())
+            } else {
+                Batch::new()
+            };
             let batch = match &raw {
-                Some(bytes) => Batch::new().equals(OWNER_KEY.to_vec(), bytes.clone()),
-                None => Batch::new().absent(OWNER_KEY.to_vec()),
+                Some(bytes) => guarded.equals(OWNER_KEY.to_vec(), bytes.clone()),
+                None => guarded.absent(OWNER_KEY.to_vec()),
             }
             .put(OWNER_KEY.to_vec(), written.clone());
             match self.store.apply(&p, &batch)? {
@@ -367,14 +467,13 @@ impl Owners {
             };
             self.map.write().insert(ns.clone(), holding);
             if previous.is_some()
+                && self.switches.readopt_under_adopting
                 && let Some(f) = self.on_readopt.get()
             {
-                f(ns);
+                // The negative control: forgotten under `adopting`, as before.
+                f(ns, true);
             }
-            if let Some(f) = self.on_adopt.get() {
-                f(mode);
-            }
-            return Ok(epoch);
+            return Ok((epoch, Some((previous.is_some(), mode))));
         }
         Err(Error::Unavailable {
             reason: format!("the owner row of {ns} kept changing during adoption"),
@@ -391,12 +490,41 @@ impl Owners {
             && h.grant == grant
         {
             h.status = Status::Deposed { current };
+            self.fence.events().emit(|| crate::observe::Event::Deposed {
+                namespace: ns.clone(),
+                grant,
+                epoch: current,
+            });
             ::log::warn!(
                 "owner {:?} was fenced out of namespace {ns} (grant {grant}, epoch now {current}); \
                  it stops serving it",
                 self.owner
             );
         }
+    }
+
+    /// Whether this engine's holding of `ns` has ended: the error a call on it answers
+    /// (`Fenced` once the epoch moved past the grant, which this reads from the store and then
+    /// deposes the holding; `NotServed` once released), or `None` while it is still served.
+    /// Tells a log moved by the next holder (no damage) from one moved under a holding still
+    /// served (SPEC F11, F12).
+    pub(crate) fn ended(&self, ns: &Namespace) -> Result<Option<Error>> {
+        let holding = self.map.read().get(ns).cloned();
+        let Some(h) = holding else {
+            return Ok(Some(not_served(ns, "this engine does not hold it")));
+        };
+        match h.status {
+            Status::Deposed { current } => return Ok(Some(deposed(ns, h.grant, current))),
+            Status::Released => return Ok(Some(not_served(ns, "it was released"))),
+            Status::Serving if h.mode == Mode::Unfenced => return Ok(None),
+            Status::Serving => {}
+        }
+        let current = self.fence.current_epoch(ns)?;
+        if current > h.grant {
+            self.depose(ns, h.grant, current);
+            return Ok(Some(deposed(ns, h.grant, current)));
+        }
+        Ok(None)
     }
 
     /// Releases `ns`: this engine stops serving it and the owner row says so, so the next

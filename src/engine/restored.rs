@@ -12,8 +12,11 @@ use crate::error::{Error, Result};
 use crate::restore::{self, Containment, StateMachine, Warm};
 
 impl<M: StateMachine> Engine<M> {
-    /// Starts a background warm of every pending entity, or returns the one already running
-    /// (SPEC R6).
+    /// Starts a background warm of every pending entity of the namespaces this engine serves,
+    /// or returns the one already running (SPEC R6). With adoption on first use, a namespace
+    /// nobody holds is adopted for it; the entities of a namespace another owner holds (or this
+    /// engine was deposed from) are left alone: not restored, not counted as refused, given no
+    /// registry slot (SPEC F12).
     ///
     /// # Examples
     ///
@@ -47,10 +50,12 @@ impl<M: StateMachine> Engine<M> {
         {
             return Ok(warm.clone());
         }
+        let owners = &self.inner.owners;
         let warm = restore::start_warm(
             &self.inner.restorer,
-            &self.inner.pool,
+            &self.inner.spawner,
             self.inner.warm_parallelism,
+            &mut |ns| owners.may_serve(ns),
         )?;
         *current = Some(warm.clone());
         Ok(warm)
@@ -148,7 +153,9 @@ impl<M: StateMachine> Engine<M> {
 
     /// Folds every entity's state into one answer (SPEC R7): waits for a warm to restore every
     /// pending entity first, then visits each restored entity. Contained entities are skipped
-    /// and counted in the second value.
+    /// and counted in the second value. Only the entities of namespaces this engine serves are
+    /// visited (see [`warm`](Self::warm)): a store shared with other owners folds this
+    /// engine's part of it (SPEC F12).
     ///
     /// # Examples
     ///
@@ -192,7 +199,16 @@ impl<M: StateMachine> Engine<M> {
         self.warm()?.wait()?;
         let mut acc = init;
         let mut contained = 0;
+        let mut served: crate::sync::HashMap<crate::entity::Namespace, bool> =
+            crate::sync::HashMap::default();
         for entity in self.inner.restorer.entities()? {
+            let ns = entity.namespace();
+            if !*served
+                .entry(ns.clone())
+                .or_insert_with(|| self.inner.owners.may_serve(ns))
+            {
+                continue;
+            }
             let slot = match self.touch(&entity) {
                 Ok(slot) => slot,
                 Err(Error::Contained { .. }) => {

@@ -10,9 +10,11 @@ use crate::error::{Error, Result};
 use crate::log::{self, Guarded, MAX_RECORD_BYTES};
 use std::sync::Arc;
 
-use super::settle::store_did_not_know;
+use super::check::refused;
+use super::settle::{did_not_commit, store_did_not_know};
 use crate::restore::{
-    ApplyContext, Containment, Deferral, Loaded, Origin, ReasonKind, Slot, StateMachine, Unsettled,
+    ApplyContext, Containment, Deferral, Loaded, Origin, ReasonKind, Rejection, Slot, StateMachine,
+    Unsettled,
 };
 use crate::store::{Batch, Outcome, Store};
 
@@ -69,10 +71,13 @@ impl<M: StateMachine> Engine<M> {
     /// Decides records from the entity's current state and appends them (SPEC E2).
     ///
     /// `decide` sees the state as of the last record and returns the records to append (none
-    /// means no write) and a value handed back to the caller. The records are checked, appended
-    /// in one batch guarded on the log head the state was folded to and carrying the fencing
-    /// guards of the namespace's grant, then folded into the state. Writes to one entity are
-    /// serialised; writes to different entities run in parallel.
+    /// means no write) and a value handed back to the caller. The records are checked (their
+    /// bytes by [`StateMachine::validate`], then each against the current state by
+    /// [`StateMachine::check`]: a refusal answers [`Error::Refused`] and writes nothing, SPEC
+    /// R12), appended in one batch guarded on the log head the state was folded to and
+    /// carrying the fencing guards of the namespace's grant, then folded into the state. Writes
+    /// to one entity are serialised; writes to different entities run in parallel. A decision
+    /// that may refuse the command itself is [`try_write`](Self::try_write).
     ///
     /// Fencing (SPEC F2, F3, F11): the batch commits only under a usable lease at the grant
     /// this engine serves the namespace under (see [`Engine::own`]), guarded on that lease as
@@ -115,16 +120,17 @@ impl<M: StateMachine> Engine<M> {
         entity: &EntityId,
         decide: impl FnOnce(&M::State) -> (Vec<Vec<u8>>, T),
     ) -> Result<Written<T>> {
-        self.write_extra(entity, Batch::new(), decide)
+        self.write_extra(entity, Batch::new(), |state| Ok(decide(state)))
     }
 
-    /// [`write`](Self::write) with `extra` guards and operations in the same batch. A failed
-    /// `extra` guard writes nothing and answers `seqs: None`.
-    fn write_extra<T>(
+    /// [`write`](Self::write) with `extra` guards and operations in the same batch, and a
+    /// decision that may refuse ([`try_write`](Self::try_write)). A failed `extra` guard
+    /// writes nothing and answers `seqs: None`.
+    pub(super) fn write_extra<T>(
         &self,
         entity: &EntityId,
         extra: Batch,
-        decide: impl FnOnce(&M::State) -> (Vec<Vec<u8>>, T),
+        decide: impl FnOnce(&M::State) -> std::result::Result<(Vec<Vec<u8>>, T), Rejection>,
     ) -> Result<Written<T>> {
         let _open = self.enter()?;
         let slot = self.touch_for_write(entity)?;
@@ -138,11 +144,22 @@ impl<M: StateMachine> Engine<M> {
             // A write whose answer was lost is settled before anything is decided on this state.
             self.settle(entity, &slot, loaded, &mut contained)?;
             let decide = decide.take().expect("called once");
-            let (records, value) = decide(&loaded.state);
+            let (records, value) = decide(&loaded.state)
+                .map_err(|r| self.refusal_told(entity, refused(entity, r.reason)))?;
             if records.is_empty() {
                 return Ok(Written { seqs: None, value });
             }
             self.check_records(&records)?;
+            // The state machine's check, against the state the write starts from, before
+            // anything is committed: a refusal writes nothing (SPEC R12). A write whose own
+            // guards fail would write nothing either (a `defer_once` retried after it was
+            // accepted): it answers as the failed guard does, not as a refusal.
+            if let Err(e) = self.check_with_state(entity, &slot, loaded, &records, &mut contained) {
+                if matches!(e, Error::Refused { .. }) && self.guards_fail(entity, &extra)? {
+                    return Ok(Written { seqs: None, value });
+                }
+                return Err(e);
+            }
             // The log batch, planned once after the head the state was folded to, committed
             // through the fence under the namespace's grant: the fence puts its lease guard and
             // deadline in front of it, renews the lease if needed and re-plans a bounded number
@@ -172,9 +189,11 @@ impl<M: StateMachine> Engine<M> {
                         retry_after_ms: 10,
                     });
                 }
-                Err(e @ (Error::Fenced { .. } | Error::NotServed { .. })) => {
+                Err(
+                    e @ (Error::Fenced { .. } | Error::NotServed { .. } | Error::OwnerLive { .. }),
+                ) => {
                     // Refused before the batch was applied: nothing committed, and the log
-                    // may have moved under a new owner, which is no damage (SPEC F11).
+                    // may have moved under a new owner, which is no damage (SPEC F11, F12).
                     unsure.disarm();
                     return Err(e);
                 }
@@ -187,16 +206,20 @@ impl<M: StateMachine> Engine<M> {
                         first_seq: prepared.appended.first_seq,
                         records: records.clone(),
                     };
-                    let committed =
+                    let settled =
                         self.settle_failed_write(entity, &slot, loaded, unsettled, &mut contained)?;
-                    if committed && store_did_not_know(&e) {
-                        let appended = &prepared.appended;
-                        return Ok(Written {
-                            seqs: Some(appended.first_seq..=appended.last_seq),
-                            value,
-                        });
-                    }
-                    return Err(e);
+                    return match settled {
+                        Some(true) if store_did_not_know(&e) => {
+                            let appended = &prepared.appended;
+                            Ok(Written {
+                                seqs: Some(appended.first_seq..=appended.last_seq),
+                                value,
+                            })
+                        }
+                        // Settled: it never commits, so the caller may retry it.
+                        Some(false) if store_did_not_know(&e) => Err(did_not_commit(entity, &e)),
+                        _ => Err(e),
+                    };
                 }
             };
             loaded.head = appended.head.clone();
@@ -258,7 +281,11 @@ impl<M: StateMachine> Engine<M> {
                 Ok(Ok(())) => continue,
                 Ok(Err(r)) => Containment::new(
                     ReasonKind::ApplyRefusal,
-                    format!("record {seq} was appended but apply refused it: {r}"),
+                    format!(
+                        "record {seq} was appended but apply refused it: {r}; check accepted it, \
+                         so the code and the history disagree (a bug; refusals belong in \
+                         check): fix the code, then release the entity"
+                    ),
                 ),
                 Err(payload) => {
                     Containment::from_panic(&format!("apply of written record {seq}"), &*payload)
@@ -275,7 +302,9 @@ impl<M: StateMachine> Engine<M> {
 
     /// Appends records as they are (SPEC L1). Returns their sequence numbers.
     ///
-    /// An empty list is refused: there is nothing to append.
+    /// An empty list is refused: there is nothing to append. Each record is checked against
+    /// the current state first ([`StateMachine::check`], SPEC R12): a refusal answers
+    /// [`Error::Refused`] and writes nothing.
     ///
     /// Answers [`Error::UnknownEntity`] if the entity was never registered, unless
     /// [`EngineBuilder::register_on_first_write`](crate::EngineBuilder::register_on_first_write) is on.
@@ -318,8 +347,12 @@ impl<M: StateMachine> Engine<M> {
     /// If the entity is pending, the record is stored durably before this returns and is
     /// applied inside its restore unit, after its log tail and in arrival order. If it is
     /// already restored, the record is appended at once. Deferred records are checked like any
-    /// write first. Like every engine write, the deferred row (or the append) is fenced under
-    /// the namespace's grant (SPEC F11).
+    /// write first: their bytes at once ([`StateMachine::validate`]); against the state
+    /// ([`StateMachine::check`]) at once for a restored entity (a refusal answers
+    /// [`Error::Refused`] and writes nothing), and inside the restore unit for a pending one,
+    /// where a record the state refuses is set aside rather than appended (see
+    /// [`refused_deferrals`](Self::refused_deferrals), SPEC R12). Like every engine write, the
+    /// deferred row (or the append) is fenced under the namespace's grant (SPEC F11).
     ///
     /// Answers [`Error::UnknownEntity`] if the entity was never registered, unless
     /// [`EngineBuilder::register_on_first_write`](crate::EngineBuilder::register_on_first_write) is on.
@@ -411,11 +444,16 @@ impl<M: StateMachine> Engine<M> {
             self.inner.restorer.defer(entity, &record, &extra)
         })?;
         match deferral {
-            Deferral::Queued => Ok(Deferred::Queued),
+            Deferral::Queued => {
+                // Applied inside the entity's restore unit: the background warm runs it, so
+                // the work does not wait for a touch (SPEC R6, R8).
+                self.inner.owe_entity(entity);
+                Ok(Deferred::Queued)
+            }
             Deferral::Duplicate => Ok(Deferred::AlreadyAccepted),
             Deferral::AlreadyRestored => {
                 let records = vec![record];
-                let written = self.write_extra(entity, extra, move |_| (records, ()))?;
+                let written = self.write_extra(entity, extra, move |_| Ok((records, ())))?;
                 Ok(match written.seqs {
                     Some(seqs) => Deferred::Applied { seq: *seqs.start() },
                     None => Deferred::AlreadyAccepted,

@@ -2,23 +2,25 @@
 //! `Complete`, with a handle to wait (with a timeout) or cancel. Bounded by slice counts as
 //! well as time (F8), so a frozen clock ends it with `Unavailable` instead of hanging it.
 //!
-//! Drivers run on the pool given to [`Fence::set_pool`] (the engine passes its own), or on
-//! rayon's global pool if none was given. The fence keeps the cancel handle of every running
+//! Drivers start through the fence's spawner ([`Fence::set_spawner`], [`Fence::set_pool`]: the
+//! engine passes its own pool), or on rayon's global pool if none was given; their waits run
+//! on the fence's clock (SPEC E9). The fence keeps the cancel handle of every running
 //! driver (revocations, and the background sweeper of `sweep.rs`), so [`Fence::stop_drivers`]
 //! can stop them all, bounded (SPEC R11).
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crossbeam::channel::{self, Receiver, RecvTimeoutError, Sender};
-use parking_lot::{Condvar, Mutex, RwLock};
-
 use super::{Fence, RevokeBudget, RevokeProgress};
+use crate::clock::{self, SharedClock};
 use crate::entity::Namespace;
 use crate::error::{Error, Result};
+use crate::spawn::Spawner;
+use crate::sync::atomic::Ordering;
+use crate::sync::channel::{self, Receiver, RecvTimeoutError, Sender};
+use crate::sync::{Condvar, Mutex, RwLock};
 
 /// Limits of a background revocation (SPEC F8, F9).
 ///
@@ -97,6 +99,7 @@ pub struct RevocationHandle {
     done: Receiver<Result<DriverReport>>,
     cancel: Sender<()>,
     taken: Mutex<bool>,
+    clock: SharedClock,
 }
 
 impl RevocationHandle {
@@ -132,7 +135,7 @@ impl RevocationHandle {
         if *taken {
             return Some(Err(Error::invalid("the driver's result was already taken")));
         }
-        match self.done.recv_timeout(timeout) {
+        match clock::recv_timeout(&*self.clock, &self.done, timeout) {
             Ok(result) => {
                 *taken = true;
                 Some(result)
@@ -181,7 +184,7 @@ impl RevocationHandle {
 /// Where drivers run and which are running.
 #[derive(Default)]
 pub(super) struct Drivers {
-    pool: RwLock<Option<Arc<rayon::ThreadPool>>>,
+    spawner: RwLock<Spawner>,
     running: Mutex<Running>,
     ended: Condvar,
 }
@@ -235,7 +238,32 @@ impl Fence {
     /// # }
     /// ```
     pub fn set_pool(&self, pool: Arc<rayon::ThreadPool>) {
-        *self.inner.drivers.pool.write() = Some(pool);
+        self.set_spawner(Spawner::pool(pool));
+    }
+
+    /// Starts background drivers and the sweeper through `spawner` (SPEC E9); the default is
+    /// rayon's global pool and std threads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::fence::{Fence, FenceConfig};
+    /// use portcullis::store::MemoryStore;
+    /// use portcullis::{ManualClock, Spawner};
+    ///
+    /// let clock = Arc::new(ManualClock::new(0));
+    /// let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    /// let fence = Fence::new(store, clock, FenceConfig::default());
+    /// fence.set_spawner(Spawner::global()); // rayon's global pool and std threads
+    /// ```
+    pub fn set_spawner(&self, spawner: Spawner) {
+        *self.inner.drivers.spawner.write() = spawner;
+    }
+
+    /// The spawner background drivers and the sweeper start through.
+    pub(super) fn spawner(&self) -> Spawner {
+        self.inner.drivers.spawner.read().clone()
     }
 
     /// Cancels every running background driver and waits until they have all ended or
@@ -279,7 +307,7 @@ impl Fence {
         }
         let mut running = drivers.running.lock();
         while !running.cancels.is_empty() {
-            if drivers.ended.wait_until(&mut running, deadline).timed_out() {
+            if clock::wait_until(&*self.inner.clock, &drivers.ended, &mut running, deadline) {
                 return stopped && running.cancels.is_empty();
             }
         }
@@ -354,6 +382,7 @@ impl Fence {
             done: done_rx,
             cancel: cancel_tx.clone(),
             taken: Mutex::new(false),
+            clock: self.inner.clock.clone(),
         };
         let Some(id) = self.enlist_driver(cancel_tx) else {
             let _ = done_tx.send(Err(Error::Closed));
@@ -381,10 +410,7 @@ impl Fence {
             let _ = done_tx.send(result);
             drivers.discharge(id);
         };
-        match self.inner.drivers.pool.read().as_ref() {
-            Some(pool) => pool.spawn(task),
-            None => rayon::spawn(task),
-        }
+        self.spawner().spawn(task);
         handle
     }
 
@@ -430,7 +456,7 @@ impl Fence {
                     }
                     last_now = now;
                     if !progressed {
-                        match cancel.recv_timeout(limits.idle_pause) {
+                        match clock::recv_timeout(&*self.inner.clock, cancel, limits.idle_pause) {
                             Ok(()) => {
                                 return Ok(DriverReport {
                                     slices: slice,

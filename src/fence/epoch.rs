@@ -109,6 +109,7 @@ impl Fence {
                 .put(key.clone(), rows::encode(&new));
             if self.inner.store.apply(&coordinator, &batch)?.is_committed() {
                 log::debug!("{:?} of {ns} bumped {current} -> {new}", self.inner.kind);
+                self.told_bumped(ns, new);
                 return Ok(());
             }
             lost_a_race = true;
@@ -162,6 +163,11 @@ impl Fence {
     /// `resumed_at_ms = now`, so revocation cannot complete before
     /// `now + epoch_lease_ms + lease_margin_ms`. Call it before serving writes.
     ///
+    /// The marker never moves backwards: over a marker already there it writes the later of
+    /// `now` and one millisecond past that marker (so a planner whose clock lags, or a mark
+    /// racing another, never shortens a hold-off, and every revocation checkpoint made before
+    /// is invalid), guarded on the marker as read. `Unavailable` after 8 lost races.
+    ///
     /// # Examples
     ///
     /// ```
@@ -185,14 +191,41 @@ impl Fence {
     /// # }
     /// ```
     pub fn mark_lease_table_recovered(&self, ns: &Namespace) -> Result<()> {
-        let now = self.now();
-        let row = RecoveryRow { resumed_at_ms: now };
-        let batch = Batch::new().put(self.inner.keys.recovery(), rows::encode(&row));
-        let outcome = self
-            .inner
-            .store
-            .apply(&ns.coordinator_partition(), &batch)?;
-        debug_assert!(outcome.is_committed());
+        let coordinator = ns.coordinator_partition();
+        let key = self.inner.keys.recovery();
+        let mut marked = None;
+        for _ in 0..MAX_BUMP_ATTEMPTS {
+            let raw = self.inner.store.get(&coordinator, &key)?;
+            let before: Option<RecoveryRow> = rows::decode_opt("recovery marker", raw.as_deref())?;
+            // Never backwards (a lagging clock, or a racing mark), and always a new value, so
+            // the hold-off lasts at least as long as either mark asked and every revocation
+            // checkpoint made before becomes invalid (SPEC F6).
+            let now = self.now();
+            let resumed_at_ms = match before {
+                Some(b) if !self.switches().unguarded_recovery_marker => {
+                    now.max(b.resumed_at_ms.saturating_add(1))
+                }
+                _ => now,
+            };
+            let row = rows::encode(&RecoveryRow { resumed_at_ms });
+            let batch = if self.switches().unguarded_recovery_marker {
+                Batch::new().put(key.clone(), row)
+            } else {
+                guard_as_read(Batch::new(), &key, raw.as_deref()).put(key.clone(), row)
+            };
+            if self.inner.store.apply(&coordinator, &batch)?.is_committed() {
+                marked = Some(resumed_at_ms);
+                break;
+            }
+        }
+        let Some(now) = marked else {
+            return Err(Error::Unavailable {
+                reason: format!(
+                    "the recovery marker of {ns} is contended; the mark lost {MAX_BUMP_ATTEMPTS} races"
+                ),
+                retry_after_ms: 10,
+            });
+        };
         log::warn!(
             "{:?} lease table of {ns} declared recovered at {now} ms; revocation holds off until {} ms",
             self.inner.kind,

@@ -73,4 +73,7 @@ pub struct GuardSwitches {
     /// On a store without deadlines, let a renewal of an expired row acknowledge it at the
     /// current epoch, as a store with deadlines may (SPEC S11, F2).
     pub renewal_acks_expired_row: bool,
+    /// Write the recovery marker as `now`, unguarded, even when it moves the marker backwards
+    /// (a lagging clock, or a racing mark) (SPEC F6).
+    pub unguarded_recovery_marker: bool,
 }

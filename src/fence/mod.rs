@@ -7,7 +7,8 @@
 //!
 //! One file per job: [`config`](FenceConfig) (parameters), `rows` (keys and encodings),
 //! `epoch` (F1), `write` (F2, F3: the write path), `lease` (F2, F3: a lease read,
-//! renewed and guarded), `revoke` (F4-F6), `driver` (F9, background), `sweep` (F9,
+//! renewed and guarded), `revoke` (F4-F6), `completion` (F5, F12: the proof that revocation
+//! completed, read for a take-over), `driver` (F9, background), `sweep` (F9,
 //! sweeper scheduling), `sweep_rows` (F8, F9, the sweep over a namespace's rows),
 //! `deadline_less` (the rule on stores that cannot evaluate `NotAfter`), `stats` (store-call
 //! counters), `hooks` (test-only fault hooks, behind the cargo feature `test-hooks`).
@@ -40,6 +41,7 @@
 //! assert!(fence.write(&room, grant, batch).is_err());
 //! ```
 
+mod completion;
 mod config;
 mod deadline_less;
 mod driver;
@@ -51,27 +53,32 @@ mod revoke;
 pub(crate) mod rows;
 mod stats;
 mod sweep;
+mod sweep_drive;
 mod sweep_rows;
+mod told;
 mod unfenced;
 mod write;
 
-use std::collections::HashSet;
+use crate::sync::HashSet;
+use crate::sync::atomic::{AtomicU64, Ordering};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::RwLock;
+use crate::sync::RwLock;
 
 use crate::clock::SharedClock;
 use crate::store::{Batch, Store};
 
+pub(crate) use completion::CoordinatorView;
 pub use config::{FenceConfig, FenceConfigBuilder};
 pub use driver::{DriverLimits, DriverReport, RevocationHandle};
 pub use revoke::{RevokeBudget, RevokeProgress};
 pub use rows::FenceKind;
 pub use stats::FenceStats;
+pub(crate) use sweep::Waker as SweepWaker;
 pub use sweep::{SweepNamespaces, SweepPass, SweeperHandle};
+pub(crate) use sweep_drive::SweepDuty;
 pub use sweep_rows::SweepReport;
 pub use write::{FenceGrant, WriteOutcome, WritePlan, write_under};
 
@@ -124,6 +131,8 @@ struct Inner {
     push_observer: RwLock<Option<PushObserver>>,
     /// Where background drivers run, and the ones running now (see [`Fence::set_pool`]).
     drivers: Arc<driver::Drivers>,
+    /// The engine's event hub, if one is set (SPEC E8).
+    watch: told::FenceWatch,
 }
 
 /// Called with an entity just before revocation pushes a lease to it.
@@ -214,11 +223,12 @@ impl Fence {
                 hooks: RwLock::new(Arc::new(NoHooks)),
                 #[cfg(feature = "test-hooks")]
                 switches: RwLock::new(GuardSwitches::default()),
-                grant_seed: seed.finish(),
+                grant_seed: crate::sync::simulated_unique().unwrap_or_else(|| seed.finish()),
                 grant_counter: AtomicU64::new(0),
-                unfenced: RwLock::new(HashSet::new()),
+                unfenced: RwLock::new(HashSet::default()),
                 push_observer: RwLock::new(None),
                 drivers: Arc::default(),
+                watch: Default::default(),
             }),
         }
     }

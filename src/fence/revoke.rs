@@ -168,6 +168,7 @@ impl Fence {
     /// # }
     /// ```
     pub fn revoke_step(&self, ns: &Namespace, budget: RevokeBudget) -> Result<RevokeProgress> {
+        let _span = crate::observe::span!("portcullis.revoke_slice", namespace = ns);
         Counters::bump(&self.inner.counters.slices);
         let keys = &self.inner.keys;
         let config = self.inner.config;
@@ -286,6 +287,7 @@ impl Fence {
 
         let remaining = incomplete + u64::from(more_to_scan) + u64::from(holding_off);
         if unchanged && position == ScanPosition::Done && !holding_off {
+            self.told_complete(ns, epoch);
             log::debug!(
                 "{:?} revocation of {ns} to {epoch} complete",
                 self.inner.kind

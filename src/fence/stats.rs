@@ -3,8 +3,8 @@
 //!
 //! Every store call the fence makes goes through [`CountedStore`], so nothing is missed.
 
+use crate::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::Result;
 use crate::store::{Batch, Cursor, KeyRange, Outcome, Partition, ScanPage, Store};

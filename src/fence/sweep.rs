@@ -3,30 +3,31 @@
 //! without deadlines it first retires the entity's lease (`deadline_less.rs`).
 //!
 //! [`Fence::sweep_step`] is one bounded step over one namespace. [`Fence::sweep_in_background`]
-//! runs passes over a changing list of namespaces every interval (the engine starts one by
-//! default, so rows never pile up). Every background sweeper of the process is served by one
-//! thread, started with the first: a sweeper lives as long as its owner, so on a pool it would
-//! hold a pool thread for ever, and a thread of its own per sweeper would cost every engine a
-//! thread start. A sweeper is enlisted with its fence's drivers (see `driver.rs`), so
+//! runs passes over a changing list of namespaces every interval, on a thread of its own; the
+//! engine drives its sweeper from its own background thread instead (`sweep_drive.rs`), so a
+//! slow store delays only its own engine's sweeps, and a closed engine's sweeper holds nothing
+//! once close returns. A sweeper is enlisted with its fence's drivers (see `driver.rs`), so
 //! [`Fence::stop_drivers`] stops it, bounded (SPEC R11); it stops as well when every
 //! [`SweeperHandle`] is dropped. Each pass is bounded by pages per namespace (SPEC F8) and
-//! resumes a longer table where the previous pass stopped. Passes of different sweepers run one
-//! after another.
+//! resumes a longer table where the previous pass stopped.
 //!
 //! Stopping waits only for a pass under way (it ends after the row it is deleting): once
 //! stopped, a sweeper starts no pass and touches no store.
 //!
-//! This file owns the scheduling (the handle, the shared thread, stopping); the step and the
-//! pass over a namespace's rows are in `sweep_rows.rs`.
+//! This file owns the sweeper and its handle (passes, stopping); what drives its passes (its
+//! own thread, or the engine's) is in `sweep_drive.rs`; the step and the pass over a
+//! namespace's rows are in `sweep_rows.rs`.
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam::channel::{self, Sender};
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use crate::clock::{self, SharedClock};
+use crate::spawn::Joiner;
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::channel::{self, Sender};
+use crate::sync::{Condvar, Mutex};
 
 use super::Fence;
 use crate::entity::Namespace;
@@ -64,12 +65,15 @@ pub struct SweeperHandle {
 #[derive(Debug)]
 struct Shared {
     sweeper: Arc<Sweeper>,
+    /// The sweeper's own thread, if it has one (see `sweep_drive.rs`): joined by a stop.
+    thread: Mutex<Option<Joiner>>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        self.sweeper.status.stop(Instant::now());
-        HUB.nudge();
+        let status = &self.sweeper.status;
+        status.stop(status.clock.instant());
+        self.sweeper.wake();
         let id = self.sweeper.stopper.load(Ordering::Relaxed);
         if id != 0 {
             self.sweeper.fence.forget_stopper(id);
@@ -77,12 +81,14 @@ impl Drop for Shared {
     }
 }
 
-#[derive(Debug, Default)]
-struct Status {
+#[derive(Debug)]
+pub(super) struct Status {
     state: Mutex<State>,
     changed: Condvar,
     /// Set by a stop: a pass under way ends after the row it is deleting.
     stop_requested: AtomicBool,
+    /// The fence's clock: schedules and waits read it (SPEC E9).
+    clock: SharedClock,
 }
 
 #[derive(Debug, Default)]
@@ -101,7 +107,7 @@ impl Status {
         self.changed.notify_all();
     }
 
-    fn is_running(&self) -> bool {
+    pub(super) fn is_running(&self) -> bool {
         !self.state.lock().ended
     }
 
@@ -117,13 +123,13 @@ impl Status {
 
     /// Stops the sweeper: no pass starts from now on, and a pass under way is waited for until
     /// `deadline`. Answers whether none is under way.
-    fn stop(&self, deadline: Instant) -> bool {
+    pub(super) fn stop(&self, deadline: Instant) -> bool {
         self.stop_requested.store(true, Ordering::Relaxed);
         let mut state = self.state.lock();
         state.ended = true;
         self.changed.notify_all();
         while state.busy {
-            if self.changed.wait_until(&mut state, deadline).timed_out() {
+            if clock::wait_until(&*self.clock, &self.changed, &mut state, deadline) {
                 return !state.busy;
             }
         }
@@ -132,10 +138,10 @@ impl Status {
 
     /// Waits until `done` holds or `timeout` passed; answers whether it holds.
     fn wait(&self, timeout: Duration, done: impl Fn(&State) -> bool) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = clock::deadline_after(&*self.clock, timeout);
         let mut state = self.state.lock();
         while !done(&state) {
-            if self.changed.wait_until(&mut state, deadline).timed_out() {
+            if clock::wait_until(&*self.clock, &self.changed, &mut state, deadline) {
                 return done(&state);
             }
         }
@@ -143,8 +149,12 @@ impl Status {
     }
 }
 
-/// One background sweeper, as the process's sweeper thread runs it.
-struct Sweeper {
+/// Wakes whatever drives a sweeper's passes (its own thread, or the engine's background
+/// thread): a pass was asked for, or the sweeper stopped.
+pub(crate) type Waker = Arc<dyn Fn() + Send + Sync>;
+
+/// One background sweeper, as the thread that drives it runs it.
+pub(super) struct Sweeper {
     fence: Fence,
     namespaces: Mutex<SweepNamespaces>,
     cursors: Mutex<HashMap<Namespace, Cursor>>,
@@ -152,9 +162,10 @@ struct Sweeper {
     next_due: Mutex<Instant>,
     /// Waiting for the next pass: each is sent its report.
     kicks: Mutex<Vec<Sender<SweepPass>>>,
-    status: Arc<Status>,
+    pub(super) status: Arc<Status>,
     /// Its id among the fence's drivers (0 before it is enlisted).
     stopper: AtomicU64,
+    wake: Waker,
 }
 
 impl std::fmt::Debug for Sweeper {
@@ -167,19 +178,43 @@ impl std::fmt::Debug for Sweeper {
 }
 
 impl Sweeper {
-    fn is_due(&self, now: Instant) -> bool {
-        !self.kicks.lock().is_empty() || now >= *self.next_due.lock()
+    /// Wakes the thread that drives this sweeper.
+    pub(super) fn wake(&self) {
+        (self.wake)();
     }
 
-    /// Runs one pass, unless stopped, and answers whoever asked for one.
-    fn run(&self) {
+    /// When the next pass is due (at once if one was asked for); `None` once stopped.
+    pub(super) fn next_due(&self) -> Option<Instant> {
+        if !self.status.is_running() {
+            return None;
+        }
+        if !self.kicks.lock().is_empty() {
+            return Some(self.status.clock.instant());
+        }
+        Some(*self.next_due.lock())
+    }
+
+    /// Runs one pass, unless stopped, and answers whoever asked for one. `yield_now` cuts the
+    /// pass short (after the row it is deleting) when the driving thread has something more
+    /// urgent to do; the pass then resumes at once, where it stopped, on the next call.
+    pub(super) fn run(&self, yield_now: &dyn Fn() -> bool) {
         let replies = std::mem::take(&mut *self.kicks.lock());
-        *self.next_due.lock() = Instant::now() + self.interval;
+        *self.next_due.lock() = clock::deadline_after(&*self.status.clock, self.interval);
         if !self.status.begin_pass() {
             return; // stopped: touch nothing more
         }
         let status = &self.status;
-        let stop = || status.stop_requested.load(Ordering::Relaxed);
+        let yielded = AtomicBool::new(false);
+        let stop = || {
+            if status.stop_requested.load(Ordering::Relaxed) {
+                return true;
+            }
+            let urgent = yield_now();
+            if urgent {
+                yielded.store(true, Ordering::Relaxed);
+            }
+            urgent
+        };
         let pass = catch_unwind(AssertUnwindSafe(|| {
             let namespaces = self.namespaces.lock();
             self.fence
@@ -189,77 +224,21 @@ impl Sweeper {
             log::warn!("a lease sweep pass panicked; the sweeper carries on at the next one");
             SweepPass::default()
         });
+        if yielded.load(Ordering::Relaxed) {
+            // Cut short for something more urgent: resume right after it.
+            *self.next_due.lock() = self.status.clock.instant();
+        }
         status.update(|s| {
             s.passes += 1;
             s.last = Some(pass);
             s.busy = false;
         });
+        // The sweeper's thread holds no lock here (SPEC E8).
+        let events = self.fence.events();
+        events.emit(|| crate::observe::Event::Swept { pass });
+        events.deliver();
         for reply in replies {
             let _ = reply.send(pass);
-        }
-    }
-}
-
-/// The process's sweeper thread and the sweepers it serves.
-struct Hub {
-    sweepers: Mutex<Vec<Arc<Sweeper>>>,
-    wake: Condvar,
-    started: Mutex<bool>,
-}
-
-static HUB: Hub = Hub {
-    sweepers: Mutex::new(Vec::new()),
-    wake: Condvar::new(),
-    started: Mutex::new(false),
-};
-
-impl Hub {
-    /// Adds a sweeper, starting the thread if it is not running yet.
-    fn add(&'static self, sweeper: Arc<Sweeper>) -> Result<()> {
-        let mut started = self.started.lock();
-        if !*started {
-            std::thread::Builder::new()
-                .name("portcullis-sweeper".into())
-                .spawn(move || self.run())
-                .map_err(|e| Error::Io {
-                    context: "starting the lease sweeper's thread".into(),
-                    source: e,
-                })?;
-            *started = true;
-        }
-        drop(started);
-        self.sweepers.lock().push(sweeper);
-        self.nudge();
-        Ok(())
-    }
-
-    /// Wakes the thread to look again (a kick, a stop, a new sweeper).
-    fn nudge(&self) {
-        let _sweepers = self.sweepers.lock();
-        self.wake.notify_all();
-    }
-
-    fn run(&self) {
-        let mut sweepers = self.sweepers.lock();
-        loop {
-            sweepers.retain(|s| s.status.is_running());
-            let now = Instant::now();
-            let due: Vec<Arc<Sweeper>> =
-                sweepers.iter().filter(|s| s.is_due(now)).cloned().collect();
-            if due.is_empty() {
-                match sweepers.iter().map(|s| *s.next_due.lock()).min() {
-                    Some(at) => {
-                        self.wake.wait_until(&mut sweepers, at);
-                    }
-                    None => self.wake.wait(&mut sweepers),
-                }
-                continue;
-            }
-            MutexGuard::unlocked(&mut sweepers, || {
-                for sweeper in due {
-                    sweeper.run();
-                }
-            });
         }
     }
 }
@@ -420,8 +399,8 @@ impl SweeperHandle {
         }
         let (reply, answer) = channel::bounded(1);
         self.shared.sweeper.kicks.lock().push(reply);
-        HUB.nudge();
-        answer.recv_timeout(timeout).ok()
+        self.shared.sweeper.wake();
+        clock::recv_timeout(&*self.status().clock, &answer, timeout).ok()
     }
 
     /// Waits up to `timeout` until at least `passes` passes have completed; answers whether
@@ -482,9 +461,25 @@ impl SweeperHandle {
     /// # }
     /// ```
     pub fn stop(&self, timeout: Duration) -> bool {
-        let stopped = self.status().stop(Instant::now() + timeout);
-        HUB.nudge();
+        let status = self.status();
+        let stopped = status.stop(clock::deadline_after(&*status.clock, timeout));
+        self.shared.sweeper.wake();
+        if stopped {
+            self.join_thread();
+        }
         stopped
+    }
+
+    /// Waits for the sweeper's own thread to end, if it has one and this is not it: once
+    /// stopped and idle it ends at once, dropping the fence and the store it holds.
+    fn join_thread(&self) {
+        let mut thread = self.shared.thread.lock();
+        if thread.as_ref().is_some_and(|t| !t.is_current())
+            && let Some(t) = thread.take()
+        {
+            drop(thread);
+            let _ = t.join();
+        }
     }
 }
 
@@ -524,23 +519,58 @@ impl Fence {
         interval: Duration,
         namespaces: SweepNamespaces,
     ) -> Result<SweeperHandle> {
+        let bell = Arc::new(super::sweep_drive::Bell::new(self.inner.clock.clone()));
+        let ring = Arc::clone(&bell);
+        let (handle, sweeper) =
+            self.new_sweeper(interval, namespaces, Arc::new(move || ring.ring()))?;
+        // On failure, dropping the handle stops and discharges the sweeper.
+        let thread = super::sweep_drive::own_thread(&self.spawner(), sweeper, bell)?;
+        *handle.shared.thread.lock() = Some(thread);
+        log::debug!("lease sweeper started on its own thread (every {interval:?})");
+        Ok(handle)
+    }
+
+    /// A sweeper whose passes the caller drives (the engine's background thread): `wake` is
+    /// called when a pass is asked for or the sweeper stops.
+    pub(crate) fn sweeper_driven_by(
+        &self,
+        interval: Duration,
+        namespaces: SweepNamespaces,
+        wake: Waker,
+    ) -> Result<(SweeperHandle, super::sweep_drive::SweepDuty)> {
+        let (handle, sweeper) = self.new_sweeper(interval, namespaces, wake)?;
+        Ok((handle, super::sweep_drive::SweepDuty::new(sweeper)))
+    }
+
+    fn new_sweeper(
+        &self,
+        interval: Duration,
+        namespaces: SweepNamespaces,
+        wake: Waker,
+    ) -> Result<(SweeperHandle, Arc<Sweeper>)> {
         if interval.is_zero() {
             return Err(Error::invalid("the sweep interval must be above zero"));
         }
-        let status = Arc::new(Status::default());
+        let status = Arc::new(Status {
+            state: Mutex::default(),
+            changed: Condvar::new(),
+            stop_requested: AtomicBool::new(false),
+            clock: self.inner.clock.clone(),
+        });
         let sweeper = Arc::new(Sweeper {
             fence: self.clone(),
             namespaces: Mutex::new(namespaces),
-            cursors: Mutex::new(HashMap::new()),
+            cursors: Mutex::new(HashMap::default()),
             interval,
-            next_due: Mutex::new(Instant::now() + interval),
+            next_due: Mutex::new(clock::deadline_after(&*status.clock, interval)),
             kicks: Mutex::new(Vec::new()),
             status: Arc::clone(&status),
             stopper: AtomicU64::new(0),
+            wake: Arc::clone(&wake),
         });
         let stopper = Arc::new(move |deadline: Instant| {
             let stopped = status.stop(deadline);
-            HUB.nudge();
+            wake();
             stopped
         });
         let Some(id) = self.enlist_stopper(stopper) else {
@@ -550,10 +580,9 @@ impl Fence {
         let handle = SweeperHandle {
             shared: Arc::new(Shared {
                 sweeper: Arc::clone(&sweeper),
+                thread: Mutex::new(None),
             }),
         };
-        HUB.add(sweeper)?; // on failure, dropping the handle stops and discharges it
-        log::debug!("lease sweeper started (every {interval:?})");
-        Ok(handle)
+        Ok((handle, sweeper))
     }
 }

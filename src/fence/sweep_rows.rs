@@ -7,7 +7,7 @@
 //! store (scans and guarded deletes of coordinator rows) and, on a store without deadlines,
 //! the lease retirement of `deadline_less.rs`; the scheduling of passes is in `sweep.rs`.
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
 
 use super::revoke::{MAX_PAGES, PAGE_ROWS};
 use super::rows;

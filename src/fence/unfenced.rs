@@ -140,26 +140,6 @@ impl Fence {
         Ok(unfenced)
     }
 
-    /// The namespace's current epoch and whether it was declared unfenced, in one store read
-    /// (none once this fence has seen the declaration: the epoch of an unfenced namespace is 0
-    /// for ever).
-    pub(crate) fn epoch_and_unfenced(&self, ns: &Namespace) -> Result<(u64, bool)> {
-        if self.known_unfenced(ns) {
-            return Ok((0, true));
-        }
-        let (current_key, unfenced_key) = (self.inner.keys.current(), self.inner.keys.unfenced());
-        let read = self
-            .inner
-            .store
-            .get_many(&ns.coordinator_partition(), &[&current_key, &unfenced_key])?;
-        let epoch = rows::decode_epoch(read[0].as_deref())?;
-        let unfenced = decode_unfenced(read[1].as_deref())?.is_some();
-        if unfenced {
-            self.remember_unfenced(ns);
-        }
-        Ok((epoch, unfenced))
-    }
-
     /// Whether this fence has already seen `ns` declared unfenced (no store call).
     pub(crate) fn known_unfenced(&self, ns: &Namespace) -> bool {
         self.inner.unfenced.read().contains(ns)

@@ -7,7 +7,9 @@
 //! leases of each namespace, repair state), and [`Verification`], which reads every record of
 //! every journal segment with its checksums, every row of every partition, every entity's
 //! digest chain and every checkpoint's digest (SPEC L4). It reads rows through the log, restore
-//! and fence row layouts and the store; it runs no state machine and writes nothing.
+//! and fence row layouts and the store; it runs no state machine and writes nothing in the
+//! store's directory. [`backup`] copies a store no process has open into a new directory
+//! (SPEC S12), through the same file layer, so the store is left as it was.
 //!
 //! The store lock (SPEC S6) means one owner: a store that another process has open is refused
 //! with [`Error::Locked`], because its files are changing under the reader. While an
@@ -44,7 +46,8 @@ use crate::fence::rows::{self as fence, Keys};
 use crate::log;
 use crate::restore::keys as restore_keys;
 use crate::store::{
-    Entries, FileCheck, FileState, FileStore, KeyRange, OpenReport, Partition, Store, StoreDamage,
+    BackupReport, Entries, FileCheck, FileState, FileStore, KeyRange, OpenReport, Partition, Store,
+    StoreDamage,
 };
 
 /// A store directory opened for inspection: nothing it does changes the directory.
@@ -109,6 +112,8 @@ pub struct EntitySummary {
     pub checkpoint: Option<u64>,
     /// Deferred records waiting for the entity's restore (SPEC R8).
     pub deferred: u64,
+    /// Deferred records its state refused when they were drained, set aside (SPEC R12).
+    pub refused_deferred: u64,
     /// The last namespace term it was repaired for (SPEC R3, F11).
     pub repaired_for: Option<u64>,
     /// Its epoch lease: `(epoch, expires_at_ms)` (SPEC F2).
@@ -236,6 +241,34 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<Verification> {
     }
 }
 
+/// Backs up the store in `src`, which no process may have open, to the new directory `dest`,
+/// changing nothing in `src` (SPEC S12, E5): the copy holds what opening `src` would recover,
+/// opens as an ordinary store and verifies as `src` does. Sealed journal segments and the heads
+/// snapshot are shared by hard links where the file system allows; the rest is copied (see
+/// [`FileStore::backup`], which backs up a store while it runs).
+///
+/// # Errors
+/// [`Error::Locked`] if another process has the store open (back it up from there with
+/// [`FileStore::backup`] or `Engine::backup`); [`Error::InvalidArgument`] if `src` holds no
+/// store or `dest` exists; [`Error::UnsupportedVersion`] for a store written by a newer
+/// Portcullis; [`Error::Io`] if `dest` cannot be written.
+///
+/// ```
+/// use portcullis::store::{Batch, FileStore, Partition, Store};
+/// let dir = tempfile::tempdir()?;
+/// let store = FileStore::open(dir.path().join("live"))?;
+/// store.apply(&Partition::new("accounts")?, &Batch::new().put("alice", "10"))?;
+/// store.close()?;
+///
+/// let report = portcullis::inspect::backup(dir.path().join("live"), dir.path().join("copy"))?;
+/// println!("{} bytes linked, {} copied", report.bytes_linked, report.bytes_copied);
+/// assert!(portcullis::inspect::verify(dir.path().join("copy"))?.is_clean());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn backup(src: impl AsRef<Path>, dest: impl AsRef<Path>) -> Result<BackupReport> {
+    crate::store::backup_unopened(src.as_ref(), dest.as_ref())
+}
+
 const KINDS: [FenceKind; 2] = [FenceKind::Epoch, FenceKind::Authority];
 
 fn be_u64(raw: Option<Vec<u8>>) -> Option<u64> {
@@ -318,6 +351,7 @@ impl Inspector {
             next_seq: 1,
             checkpoint: None,
             deferred: 0,
+            refused_deferred: 0,
             repaired_for: None,
             lease: None,
             application_rows: 0,
@@ -341,6 +375,10 @@ impl Inspector {
         for row in Entries::new(store, p.clone(), restore_keys::deferred_range()) {
             row?;
             s.deferred += 1;
+        }
+        for row in Entries::new(store, p.clone(), restore_keys::refused_range()) {
+            row?;
+            s.refused_deferred += 1;
         }
         s.lease = store
             .get(&p, Keys::new(FenceKind::Epoch).lease())?

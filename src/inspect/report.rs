@@ -106,6 +106,9 @@ impl Display for Summary {
             if e.deferred > 0 {
                 write!(f, ", {} deferred", e.deferred)?;
             }
+            if e.refused_deferred > 0 {
+                write!(f, ", {} refused deferred (set aside)", e.refused_deferred)?;
+            }
             if let Some(inc) = e.registered_by {
                 write!(f, ", registered by incarnation {inc}")?;
             }

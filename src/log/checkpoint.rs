@@ -144,10 +144,23 @@ pub fn load_restore_point(
     store: &dyn Store,
     p: &Partition,
 ) -> Result<(HeadSnapshot, Option<Checkpoint>)> {
+    load_restore_point_with(store, p, &[]).map(|(head, checkpoint, _)| (head, checkpoint))
+}
+
+/// A restore point (the head and its checkpoint) and the extra rows read with it.
+pub(crate) type RestorePoint = (HeadSnapshot, Option<Checkpoint>, Vec<Option<Vec<u8>>>);
+
+/// [`load_restore_point`], reading the rows `extra` in the same view as the head (one store
+/// call for the head, the checkpoint and them): they are as they were at that head.
+pub(crate) fn load_restore_point_with(
+    store: &dyn Store,
+    p: &Partition,
+    extra: &[&[u8]],
+) -> Result<RestorePoint> {
     for _ in 0..3 {
-        let (head, checked) = load_once(store, p)?;
+        let (head, checked, rows) = load_once(store, p, extra)?;
         if read_head(store, p)? == head {
-            return checked.map(|checkpoint| (head, checkpoint));
+            return checked.map(|checkpoint| (head, checkpoint, rows));
         }
     }
     Err(Error::Unavailable {
@@ -158,17 +171,26 @@ pub fn load_restore_point(
 
 /// One attempt: the head read, and the checkpoint checked against it (an error in the second
 /// part is judged only if the head did not move meanwhile).
+#[allow(clippy::type_complexity)]
 fn load_once(
     store: &dyn Store,
     p: &Partition,
-) -> Result<(HeadSnapshot, Result<Option<Checkpoint>>)> {
+    extra: &[&[u8]],
+) -> Result<(
+    HeadSnapshot,
+    Result<Option<Checkpoint>>,
+    Vec<Option<Vec<u8>>>,
+)> {
     let head_key = keys::head_key();
     let ckpt_key = keys::checkpoint_key();
-    let mut rows = store.get_many(p, &[&head_key, &ckpt_key])?;
+    let mut wanted: Vec<&[u8]> = vec![&head_key, &ckpt_key];
+    wanted.extend_from_slice(extra);
+    let mut rows = store.get_many(p, &wanted)?;
+    let extras = rows.split_off(2);
     let ckpt_row = rows.pop().flatten();
     let head = HeadSnapshot::from_row(p, rows.pop().flatten())?;
     let checked = check_checkpoint(store, p, &head, ckpt_row);
-    Ok((head, checked))
+    Ok((head, checked, extras))
 }
 
 fn check_checkpoint(

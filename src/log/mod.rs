@@ -41,8 +41,9 @@ mod read;
 mod truncate;
 
 pub use append::{Appended, Guarded, MAX_RECORD_BYTES, append};
+pub(crate) use checkpoint::load_restore_point_with;
 pub use checkpoint::{Checkpoint, CheckpointMark, load_restore_point, write_checkpoint};
-pub use head::{HeadSnapshot, LogHead, read_head};
+pub use head::{HeadSnapshot, LogHead, read_head, seal};
 pub use read::{LogPage, LogRecord, LogRecordRef, read_log, replay, visit_log};
 pub use truncate::truncate_before;
 

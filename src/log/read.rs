@@ -2,7 +2,7 @@
 
 use super::append::decode_record;
 use super::digest::check_run;
-use super::head::LogHead;
+use super::head::{LogHead, read_head};
 use super::{REPLAY_PAGE, corrupt, keys};
 use crate::error::{Error, Result};
 use crate::store::{Cursor, KeyRange, Partition, Store};
@@ -54,8 +54,12 @@ impl From<LogRecordRef<'_>> for LogRecord {
 ///
 /// Records before the first retained one (truncated by a retention policy) are not returned;
 /// the page starts at the first retained record at or after `from_seq`. A malformed row, or a
-/// gap inside the page, is reported as [`Error::Corrupt`]. [`visit_log`] reads the same page
-/// without copying each payload out.
+/// missing record followed by a later one (a gap inside the page, or at its start: the page's
+/// first record is not `from_seq`, nor the first retained one when `from_seq` is before it), is
+/// reported as [`Error::Corrupt`], so paging never steps over a gap at a page boundary. The
+/// head row is read only when the page does not start at `from_seq`. Records missing at the
+/// very end of the log are not seen here ([`replay`] checks the log against its head).
+/// [`visit_log`] reads the same page without copying each payload out.
 ///
 /// # Examples
 ///
@@ -88,8 +92,8 @@ pub fn read_log(store: &dyn Store, p: &Partition, from_seq: u64, limit: usize) -
 /// of copying it out, and returns where the next page starts (`None` at the end of the log).
 ///
 /// The same rules as [`read_log`]: at most `limit` records with `seq >= from_seq`, starting at
-/// the first retained one; a malformed row, or a gap inside the page, is [`Error::Corrupt`],
-/// reported before `visit` sees the record. The payload is borrowed from the store's buffer
+/// the first retained one; a malformed row, or a gap inside the page or at its start, is
+/// [`Error::Corrupt`], reported before `visit` sees the record after it. The payload is borrowed from the store's buffer
 /// for the length of the call only; copy what must outlive it. `visit`'s own error stops the
 /// read and is returned as is.
 ///
@@ -121,23 +125,70 @@ pub fn visit_log<E: From<Error>>(
     limit: usize,
     mut visit: impl FnMut(LogRecordRef<'_>) -> Result<(), E>,
 ) -> Result<Option<u64>, E> {
+    let mut from = from_seq.max(1);
+    loop {
+        match visit_page(store, p, from, limit, &mut visit)? {
+            Page::Read(next) => return Ok(next),
+            // The first record found is past `from`: only a truncated prefix may explain that
+            // (the head is read only then, so a read at a retained record costs nothing more).
+            // Truncation only moves the head's first record forward, so a head read after the
+            // scan tells whether the records the scan skipped were truncated by then.
+            Page::StartsAt(found) => {
+                let first = read_head(store, p)?.head.first_seq;
+                if first <= from || found > first {
+                    let missing = from.max(first);
+                    return Err(corrupt(
+                        p,
+                        format!("log record {missing} is missing (found {found})"),
+                    )
+                    .into());
+                }
+                from = first;
+            }
+        }
+    }
+}
+
+/// What one scan of [`visit_page`] found.
+enum Page {
+    /// The page was read and visited; where the next page starts.
+    Read(Option<u64>),
+    /// The first record found is this one, after the page's start: nothing was visited.
+    StartsAt(u64),
+}
+
+/// Reads one page from `from` (see [`visit_log`]): every record must follow the one before it,
+/// the first must be `from` itself.
+fn visit_page<E: From<Error>>(
+    store: &dyn Store,
+    p: &Partition,
+    from: u64,
+    limit: usize,
+    visit: &mut impl FnMut(LogRecordRef<'_>) -> Result<(), E>,
+) -> Result<Page, E> {
     let mut last: Option<u64> = None;
+    let mut starts_at: Option<u64> = None;
     // The visitor's own error, kept aside while the store is told only to stop.
     let mut stopped: Option<E> = None;
     let next = store.scan_visit(
         p,
-        &keys::records_from(from_seq.max(1)),
+        &keys::records_from(from),
         None,
         limit,
         &mut |key, value| {
             let (seq, digest, payload) = parse_row(p, key, value)?;
-            if let Some(previous) = last
-                && seq != previous + 1
-            {
-                return Err(corrupt(
-                    p,
-                    format!("log record {seq} follows record {previous}"),
-                ));
+            match last {
+                Some(previous) if seq != previous + 1 => {
+                    return Err(corrupt(
+                        p,
+                        format!("log record {seq} follows record {previous}"),
+                    ));
+                }
+                None if seq != from => {
+                    starts_at = Some(seq);
+                    return Err(Error::invalid("the log read starts after its first record"));
+                }
+                _ => {}
             }
             last = Some(seq);
             visit(LogRecordRef {
@@ -154,10 +205,13 @@ pub fn visit_log<E: From<Error>>(
     if let Some(e) = stopped {
         return Err(e);
     }
-    Ok(match (next?, last) {
+    if let Some(seq) = starts_at {
+        return Ok(Page::StartsAt(seq));
+    }
+    Ok(Page::Read(match (next?, last) {
         (Some(_), Some(last)) => Some(last + 1),
         _ => None,
-    })
+    }))
 }
 
 /// Parses one record row into its sequence number, its digest and its payload (borrowed from

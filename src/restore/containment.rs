@@ -17,7 +17,9 @@ pub enum ReasonKind {
     CorruptCheckpoint,
     /// The application could not decode its checkpoint.
     Decode,
-    /// The application's `apply` refused a record.
+    /// The application's `apply` refused a record that is in the history (replayed, or
+    /// appended after `check` accepted it): the code and the history disagree, a bug or a
+    /// record type that changed, never a business refusal, which belongs in `check` (SPEC R12).
     ApplyRefusal,
     /// The application's repair refused.
     RepairRefusal,

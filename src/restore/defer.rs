@@ -1,8 +1,8 @@
 //! Deferred work (SPEC R8): a record queued for a pending entity without restoring it, durable
 //! when accepted and applied inside the entity's restore unit.
 
+use crate::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use super::gate::{Gate, Phase};
 use super::keys;
@@ -33,7 +33,11 @@ impl<M: StateMachine> Restorer<M> {
             // thread runs the unit, so the row is written at once, and the unit drains it
             // before the entity is served (SPEC R3, R8).
             let arrival = self.arrivals.fetch_add(1, Ordering::Relaxed);
-            return self.write_deferral(entity, arrival, record, extra);
+            let written = self.write_deferral(entity, arrival, record, extra);
+            if matches!(written, Ok(Deferral::Queued)) {
+                restoring::deferred_inside_unit();
+            }
+            return self.reported(entity, record, written);
         }
         self.check_reentry(entity)?;
         let slot = self.slot(entity)?;
@@ -62,12 +66,31 @@ impl<M: StateMachine> Restorer<M> {
         drop(phase);
         let in_flight = InFlight(&slot.gate);
         let written = self.write_deferral(entity, arrival, record, extra);
+        // The gate is released (the count of deferrals in flight goes down) before the hook
+        // runs: a hook that touches this very entity would otherwise wait for its own
+        // deferral (SPEC R11).
         drop(in_flight);
+        self.reported(entity, record, written)
+    }
+
+    /// Reports a committed deferral to the metrics hook (no lock held, the gate released).
+    fn reported(
+        &self,
+        entity: &EntityId,
+        record: &[u8],
+        written: Result<Deferral>,
+    ) -> Result<Deferral> {
+        if let (Ok(Deferral::Queued), Some(hook)) = (&written, &self.metrics) {
+            if self.config.guards.deferred_hook_under_gate {
+                return written; // reported under the gate already (the negative control)
+            }
+            hook.deferred(entity, record.len());
+        }
         written
     }
 
-    /// Writes one deferred row; reports it to the metrics hook once committed (no lock held).
-    /// `extra` (guards and operations) commits in the same batch, after the row's own guard.
+    /// Writes one deferred row. `extra` (guards and operations) commits in the same batch,
+    /// after the row's own guard.
     fn write_deferral(
         &self,
         entity: &EntityId,
@@ -88,7 +111,11 @@ impl<M: StateMachine> Restorer<M> {
         match self.store.apply(&entity.partition(), &batch)? {
             Outcome::PreconditionFailed { index } if index > 0 => Ok(Deferral::Duplicate),
             Outcome::Committed => {
-                if let Some(hook) = &self.metrics {
+                if self.config.guards.deferred_hook_under_gate
+                    && let Some(hook) = &self.metrics
+                {
+                    // The negative control: the hook runs while the deferral still counts
+                    // in the gate, as it did before.
                     hook.deferred(entity, record.len());
                 }
                 Ok(Deferral::Queued)

@@ -14,10 +14,10 @@
 //! ```
 //! (`release` moves Contained or Damaged back to Pending; nothing else ever goes back.)
 
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use crate::sync::{Condvar, Mutex, MutexGuard};
 
 use super::containment::Containment;
 

@@ -5,6 +5,7 @@
 //! | `\0entity` | registration marker: the incarnation that registered the entity |
 //! | `\0defer.` + `0x01` + term (8 bytes BE) + arrival (8 bytes BE) | one deferred record (SPEC R8) |
 //! | `\0repair` | the last unclean incarnation this entity was repaired for (SPEC R3) |
+//! | `\0refused.` + the deferred row's key after `\0defer.` | a deferred record the state refused when the restore unit drained it: a version byte, then postcard of the reason, the sequence number it would have had, and the record (SPEC R8, R12) |
 //!
 //! A deferred row is keyed by the *term* of the namespace holding it was accepted under (the
 //! owner row's term, one per adoption by any owner, increasing: SPEC F11) and the accepting
@@ -23,6 +24,7 @@ use crate::store::KeyRange;
 const ENTITY: &[u8] = b"\0entity";
 const DEFER_PREFIX: &[u8] = b"\0defer.";
 const REPAIR: &[u8] = b"\0repair";
+const REFUSED_PREFIX: &[u8] = b"\0refused.";
 
 /// The registration marker's key.
 pub fn entity_key() -> Vec<u8> {
@@ -59,4 +61,33 @@ pub fn defer_id_key(id: &[u8]) -> Vec<u8> {
 /// Every deferred row.
 pub fn deferred_range() -> KeyRange {
     KeyRange::prefix(DEFER_PREFIX)
+}
+
+/// The key a refused deferred record is set aside under: its deferred key with `\0refused.`
+/// in place of `\0defer.`, so refused rows keep acceptance order.
+pub fn refused_key(deferred: &[u8]) -> Vec<u8> {
+    let tail = deferred.strip_prefix(DEFER_PREFIX).unwrap_or(deferred);
+    let mut key = Vec::with_capacity(REFUSED_PREFIX.len() + tail.len());
+    key.extend_from_slice(REFUSED_PREFIX);
+    key.extend_from_slice(tail);
+    key
+}
+
+/// Every refused deferred row.
+pub fn refused_range() -> KeyRange {
+    KeyRange::prefix(REFUSED_PREFIX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_rows_keep_the_deferred_order_outside_the_deferred_range() {
+        let (a, b) = (deferred_key(1, 9), deferred_key(2, 0));
+        let (ra, rb) = (refused_key(&a), refused_key(&b));
+        assert!(ra < rb);
+        assert!(refused_range().contains(&ra) && !deferred_range().contains(&ra));
+        assert!(!refused_range().contains(&a));
+    }
 }

@@ -4,7 +4,22 @@ use std::fmt;
 
 use crate::entity::EntityId;
 
-/// An application's refusal to fold a record, decode a checkpoint or repair an entity.
+/// An application's refusal: of a command, a record, a checkpoint or a repair.
+///
+/// Where a refusal belongs (SPEC R12):
+/// - **A command the current state does not allow** (an empty message, an overdraft): refuse
+///   it before anything is written, in [`StateMachine::check`] (each record a write would
+///   append) or in the decision of [`Engine::try_write`](crate::Engine::try_write) (which sees
+///   the state and may decide from several records at once). The write answers
+///   [`Error::Refused`](crate::Error::Refused), nothing is written and the entity keeps
+///   serving. A deferred record the state refuses when its entity restores is set aside, not
+///   appended (see [`Engine::refused_deferrals`](crate::Engine::refused_deferrals)).
+/// - **In [`StateMachine::apply`]**, a refusal means the code and the history disagree (a bug,
+///   or a record type that changed): `apply` of a record already in the history cannot undo
+///   it, so the entity is contained with that reason (SPEC R4) until the code is fixed and the
+///   entity released.
+/// - **In [`StateMachine::decode_checkpoint`] or [`StateMachine::repair`]**, a refusal
+///   contains the entity too.
 ///
 /// ```
 /// use portcullis::restore::Rejection;
@@ -43,13 +58,14 @@ pub enum Origin {
     /// (in this process or an earlier one). Its side effects, if any, already happened.
     Replay,
     /// Deferred work folded for the first time, inside the restore unit, right after the
-    /// unit moved it into the log (SPEC R8).
+    /// unit moved it into the log (SPEC R8); the unit checked it against the state first
+    /// (SPEC R12). As a check's origin: a deferred record checked inside the restore unit.
     Deferred,
     /// A record the application's unclean-restart repair returned, folded for the first time
     /// right after it was appended (SPEC R3).
     Repair,
     /// A record a write (`Engine::write`, `append`, or `defer` to a restored entity) has just
-    /// appended.
+    /// appended. As a check's origin: a record such a write is about to append.
     Live,
 }
 
@@ -60,7 +76,8 @@ impl Origin {
     }
 }
 
-/// What [`StateMachine::apply`] learns about the record it folds, besides its bytes.
+/// What [`StateMachine::apply`] learns about the record it folds (and
+/// [`StateMachine::check`] about the record it checks), besides its bytes.
 ///
 /// ```
 /// use portcullis::EntityId;
@@ -74,7 +91,8 @@ impl Origin {
 pub struct ApplyContext<'a> {
     /// The entity the record belongs to.
     pub entity: &'a EntityId,
-    /// The record's sequence number in the entity's log.
+    /// The record's sequence number in the entity's log (for [`StateMachine::check`]: the one
+    /// it will get if it is written).
     pub seq: u64,
     /// Where the record comes from.
     pub origin: Origin,
@@ -112,7 +130,7 @@ impl<'a> ApplyContext<'a> {
 ///         *state += u64::from_le_bytes(bytes);
 ///         Ok(())
 ///     }
-///     fn encode_checkpoint(&self, state: &u64) -> Vec<u8> { state.to_le_bytes().to_vec() }
+///     fn encode_checkpoint(&self, state: &u64) -> Result<Vec<u8>, Rejection> { Ok(state.to_le_bytes().to_vec()) }
 ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
 ///         Ok(u64::from_le_bytes(bytes.try_into().map_err(|_| Rejection::new("bad checkpoint"))?))
 ///     }
@@ -138,7 +156,7 @@ pub trait StateMachine: Send + Sync + 'static {
     ///         *t += u64::from_le_bytes(n);
     ///         Ok(())
     ///     }
-    ///     fn encode_checkpoint(&self, t: &u64) -> Vec<u8> { t.to_le_bytes().to_vec() }
+    ///     fn encode_checkpoint(&self, t: &u64) -> Result<Vec<u8>, Rejection> { Ok(t.to_le_bytes().to_vec()) }
     ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
     ///         let n: [u8; 8] = bytes.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
     ///         Ok(u64::from_le_bytes(n))
@@ -156,8 +174,14 @@ pub trait StateMachine: Send + Sync + 'static {
     /// ```
     fn fresh(&self, entity: &EntityId) -> Self::State;
 
-    /// Folds record `ctx.seq` into `state`, or refuses it. A refusal during restore contains the
-    /// entity (SPEC R4). When it refuses, it should leave `state` unchanged.
+    /// Folds record `ctx.seq` into `state`.
+    ///
+    /// Business rules do not belong here: refuse a command in [`check`](Self::check) (or in the
+    /// decision of [`Engine::try_write`](crate::Engine::try_write)), before it is written
+    /// (SPEC R12). `apply` runs on records that are in the history (or, for deferred work,
+    /// about to be): a refusal here means the code and the history disagree (a bug, or a record
+    /// type that changed), and it contains the entity (SPEC R4) with a reason that says so.
+    /// When it refuses, it should leave `state` unchanged.
     ///
     /// `ctx.origin` tells a replayed record ([`Origin::Replay`]: suppress side effects) from
     /// one folded for the first time (deferred, repair, live). `apply` runs while the engine
@@ -180,7 +204,7 @@ pub trait StateMachine: Send + Sync + 'static {
     ///         *t += u64::from_le_bytes(n);
     ///         Ok(())
     ///     }
-    ///     fn encode_checkpoint(&self, t: &u64) -> Vec<u8> { t.to_le_bytes().to_vec() }
+    ///     fn encode_checkpoint(&self, t: &u64) -> Result<Vec<u8>, Rejection> { Ok(t.to_le_bytes().to_vec()) }
     ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
     ///         let n: [u8; 8] = bytes.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
     ///         Ok(u64::from_le_bytes(n))
@@ -209,6 +233,14 @@ pub trait StateMachine: Send + Sync + 'static {
 
     /// Encodes a state for a checkpoint (SPEC L3).
     ///
+    /// Refusing publishes nothing: an explicit [`Engine::checkpoint`](crate::Engine::checkpoint)
+    /// answers [`Error::Refused`](crate::Error::Refused) with the reason and the entity keeps
+    /// serving from its history; a checkpoint owed after a write
+    /// ([`checkpoint_every`](crate::engine::EngineBuilder::checkpoint_every)) is skipped with a
+    /// warning and the write stays committed; one a restore unit owes is skipped with a
+    /// warning too, and the entity is served. Never publish bytes that do not decode: restore
+    /// starts from the newest checkpoint.
+    ///
     /// # Examples
     ///
     /// ```
@@ -223,7 +255,7 @@ pub trait StateMachine: Send + Sync + 'static {
     ///         *t += u64::from_le_bytes(n);
     ///         Ok(())
     ///     }
-    ///     fn encode_checkpoint(&self, t: &u64) -> Vec<u8> { t.to_le_bytes().to_vec() }
+    ///     fn encode_checkpoint(&self, t: &u64) -> Result<Vec<u8>, Rejection> { Ok(t.to_le_bytes().to_vec()) }
     ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
     ///         let n: [u8; 8] = bytes.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
     ///         Ok(u64::from_le_bytes(n))
@@ -235,11 +267,11 @@ pub trait StateMachine: Send + Sync + 'static {
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let e = EntityId::new("totals", "a")?;
-    /// assert_eq!(Total.encode_checkpoint(&7), 7u64.to_le_bytes());
+    /// assert_eq!(Total.encode_checkpoint(&7).unwrap(), 7u64.to_le_bytes());
     /// # Ok(())
     /// # }
     /// ```
-    fn encode_checkpoint(&self, state: &Self::State) -> Vec<u8>;
+    fn encode_checkpoint(&self, state: &Self::State) -> Result<Vec<u8>, Rejection>;
 
     /// Decodes a checkpoint written by [`encode_checkpoint`](Self::encode_checkpoint).
     ///
@@ -257,7 +289,7 @@ pub trait StateMachine: Send + Sync + 'static {
     ///         *t += u64::from_le_bytes(n);
     ///         Ok(())
     ///     }
-    ///     fn encode_checkpoint(&self, t: &u64) -> Vec<u8> { t.to_le_bytes().to_vec() }
+    ///     fn encode_checkpoint(&self, t: &u64) -> Result<Vec<u8>, Rejection> { Ok(t.to_le_bytes().to_vec()) }
     ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
     ///         let n: [u8; 8] = bytes.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
     ///         Ok(u64::from_le_bytes(n))
@@ -269,7 +301,7 @@ pub trait StateMachine: Send + Sync + 'static {
     ///
     /// # fn main() -> portcullis::Result<()> {
     /// let e = EntityId::new("totals", "a")?;
-    /// let bytes = Total.encode_checkpoint(&7);
+    /// let bytes = Total.encode_checkpoint(&7).unwrap();
     /// assert_eq!(Total.decode_checkpoint(&e, &bytes).unwrap(), 7);
     /// assert!(Total.decode_checkpoint(&e, b"short").is_err()); // refused: the entity is contained
     /// # Ok(())
@@ -277,9 +309,10 @@ pub trait StateMachine: Send + Sync + 'static {
     /// ```
     fn decode_checkpoint(&self, entity: &EntityId, bytes: &[u8]) -> Result<Self::State, Rejection>;
 
-    /// Checks a record before it is accepted (written or deferred), so a record that cannot be
-    /// decoded is refused with a clear error and never enters history. The default accepts
-    /// everything.
+    /// Checks a record's bytes before it is accepted (written or deferred), so a record that
+    /// cannot be decoded is refused with [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+    /// and never enters history. It sees no state: whether the current state allows the record
+    /// is [`check`](Self::check)'s question. The default accepts everything.
     ///
     /// # Examples
     ///
@@ -295,7 +328,7 @@ pub trait StateMachine: Send + Sync + 'static {
     ///         *t += u64::from_le_bytes(n);
     ///         Ok(())
     ///     }
-    ///     fn encode_checkpoint(&self, t: &u64) -> Vec<u8> { t.to_le_bytes().to_vec() }
+    ///     fn encode_checkpoint(&self, t: &u64) -> Result<Vec<u8>, Rejection> { Ok(t.to_le_bytes().to_vec()) }
     ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
     ///         let n: [u8; 8] = bytes.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
     ///         Ok(u64::from_le_bytes(n))
@@ -314,6 +347,83 @@ pub trait StateMachine: Send + Sync + 'static {
     /// ```
     fn validate(&self, record: &[u8]) -> Result<(), Rejection> {
         let _ = record;
+        Ok(())
+    }
+
+    /// Checks a record against the entity's current state before it is written (SPEC R12):
+    /// refusing it refuses the write, which answers [`Error::Refused`](crate::Error::Refused)
+    /// with the reason, writes nothing, and leaves the entity serving. This is where business
+    /// rules go (an empty message, an overdraft); `apply` then only folds. The default accepts
+    /// everything.
+    ///
+    /// The engine runs it under the entity's lock for every record of a write
+    /// ([`Engine::write`](crate::Engine::write), [`Engine::try_write`](crate::Engine::try_write),
+    /// [`Engine::append`](crate::Engine::append), their typed forms, and
+    /// [`Engine::defer`](crate::Engine::defer) to a restored entity), in order, before anything
+    /// is committed. `ctx.seq` is the sequence number the record will get and `ctx.origin` is
+    /// [`Origin::Live`]. The records of one write are each checked against the state the write
+    /// starts from (the state is not copied, and no record of the write is folded before the
+    /// batch commits): a rule that depends on an earlier record of the same write belongs in
+    /// the decision of [`Engine::try_write`](crate::Engine::try_write), which sees the state
+    /// and all the records it decides.
+    ///
+    /// Deferred work is checked inside the entity's restore unit instead ([`Origin::Deferred`]),
+    /// each record against the state after every deferred record before it; a record refused
+    /// there is set aside, never appended (SPEC R8, see
+    /// [`Engine::refused_deferrals`](crate::Engine::refused_deferrals)).
+    ///
+    /// It must be pure: no side effects and no change to anything, since it may run for a
+    /// write that then does not commit. A panic here contains the entity (SPEC R4).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::{ApplyContext, Engine, EntityId, Error, Origin, Rejection, StateMachine};
+    ///
+    /// struct Balance; // records are signed amounts of 8 little-endian bytes
+    /// fn amount(record: &[u8]) -> Result<i64, Rejection> {
+    ///     Ok(i64::from_le_bytes(record.try_into().map_err(|_| Rejection::new("not 8 bytes"))?))
+    /// }
+    /// impl StateMachine for Balance {
+    ///     type State = i64;
+    ///     fn fresh(&self, _: &EntityId) -> i64 { 0 }
+    ///     fn check(&self, balance: &i64, _: &ApplyContext, record: &[u8]) -> Result<(), Rejection> {
+    ///         if balance + amount(record)? < 0 {
+    ///             return Err(Rejection::new("the balance would go negative"));
+    ///         }
+    ///         Ok(())
+    ///     }
+    ///     fn apply(&self, balance: &mut i64, _: &ApplyContext, record: &[u8]) -> Result<(), Rejection> {
+    ///         *balance += amount(record)?;
+    ///         Ok(())
+    ///     }
+    ///     fn encode_checkpoint(&self, b: &i64) -> Result<Vec<u8>, Rejection> { Ok(b.to_le_bytes().to_vec()) }
+    ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<i64, Rejection> {
+    ///         amount(bytes)
+    ///     }
+    ///     fn validate(&self, record: &[u8]) -> Result<(), Rejection> { amount(record).map(|_| ()) }
+    /// }
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
+    /// let engine = Engine::builder(Balance).store(store).open()?;
+    /// let alice = EntityId::new("accounts", "alice")?;
+    /// engine.register(&alice)?;
+    /// engine.append(&alice, vec![10i64.to_le_bytes().to_vec()])?;
+    /// let overdraft = engine.append(&alice, vec![(-25i64).to_le_bytes().to_vec()]);
+    /// assert!(matches!(overdraft, Err(Error::Refused { .. }))); // nothing was written
+    /// assert_eq!(engine.read(&alice, |b| *b)?, 10); // and alice keeps serving
+    /// assert_eq!(engine.history(&alice, 1)?.count(), 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn check(
+        &self,
+        state: &Self::State,
+        ctx: &ApplyContext<'_>,
+        record: &[u8],
+    ) -> Result<(), Rejection> {
+        let _ = (state, ctx, record);
         Ok(())
     }
 
@@ -336,7 +446,7 @@ pub trait StateMachine: Send + Sync + 'static {
     ///         *t += u64::from_le_bytes(n);
     ///         Ok(())
     ///     }
-    ///     fn encode_checkpoint(&self, t: &u64) -> Vec<u8> { t.to_le_bytes().to_vec() }
+    ///     fn encode_checkpoint(&self, t: &u64) -> Result<Vec<u8>, Rejection> { Ok(t.to_le_bytes().to_vec()) }
     ///     fn decode_checkpoint(&self, _: &EntityId, bytes: &[u8]) -> Result<u64, Rejection> {
     ///         let n: [u8; 8] = bytes.try_into().map_err(|_| Rejection::new("not 8 bytes"))?;
     ///         Ok(u64::from_le_bytes(n))
@@ -382,7 +492,7 @@ impl<M: StateMachine> StateMachine for std::sync::Arc<M> {
         (**self).apply(state, ctx, record)
     }
 
-    fn encode_checkpoint(&self, state: &Self::State) -> Vec<u8> {
+    fn encode_checkpoint(&self, state: &Self::State) -> Result<Vec<u8>, Rejection> {
         (**self).encode_checkpoint(state)
     }
 
@@ -392,6 +502,15 @@ impl<M: StateMachine> StateMachine for std::sync::Arc<M> {
 
     fn validate(&self, record: &[u8]) -> Result<(), Rejection> {
         (**self).validate(record)
+    }
+
+    fn check(
+        &self,
+        state: &Self::State,
+        ctx: &ApplyContext<'_>,
+        record: &[u8],
+    ) -> Result<(), Rejection> {
+        (**self).check(state, ctx, record)
     }
 
     fn repair(

@@ -28,12 +28,12 @@
 //! namespace adopted anew take the entries of the entities they leave pending out at once
 //! (leaving holes, swept by the ring's compaction).
 
+use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::collections::VecDeque;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use super::gate::{PENDING, Phase};
 use super::machine::StateMachine;
@@ -407,7 +407,7 @@ impl<M: StateMachine> Restorer<M> {
         let slot = match self.slots.read().get(entity) {
             Some(slot) => Arc::clone(slot),
             None => {
-                if self.store.contains_partition(&entity.partition())? {
+                if self.is_registered(entity)? {
                     return Ok(false);
                 }
                 return Err(Error::UnknownEntity(entity.to_string()));
@@ -491,8 +491,14 @@ impl<M: StateMachine> Restorer<M> {
 
     /// Makes every restored entity of `ns` pending again, dropping its state: the namespace
     /// was adopted anew, and state restored under an earlier holding may be stale (another
-    /// owner may have written since). Entities being restored right now are left to finish.
-    pub(crate) fn forget_namespace(&self, ns: &crate::entity::Namespace) {
+    /// owner may have written since). This frees the memory at once; it is not what keeps stale
+    /// state from serving (a restored entity whose holding ended is restored again at its
+    /// next touch, and a unit running across the re-adoption installs nothing: see
+    /// `Restorer::ensure`). So it waits for nothing: an entity in use (its state locked by a
+    /// call) is left for its next touch, and entities being restored right now are left to
+    /// finish. It runs with no lock of the engine's held (SPEC R11).
+    /// `wait` waits for entities in use instead (only a negative control does).
+    pub(crate) fn forget_namespace(&self, ns: &crate::entity::Namespace, wait: bool) {
         let slots: Vec<Arc<Slot<M::State>>> = self
             .slots
             .read()
@@ -501,8 +507,16 @@ impl<M: StateMachine> Restorer<M> {
             .map(|(_, s)| Arc::clone(s))
             .collect();
         for slot in &slots {
-            // Lock order: state, then the gate's mutex (a leaf).
-            let mut state = slot.state_lock().lock();
+            // Lock order: state, then the gate's mutex (a leaf). Only tried: a call holding
+            // the state finishes first, and its next touch finds the state stale.
+            let locked = if wait {
+                Some(slot.state_lock().lock())
+            } else {
+                slot.state_lock().try_lock()
+            };
+            let Some(mut state) = locked else {
+                continue;
+            };
             let mut phase = slot.gate.lock();
             let mut dropped = None;
             if matches!(*phase, Phase::Restored) {

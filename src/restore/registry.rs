@@ -1,13 +1,12 @@
 //! The registry of entities and their gates (SPEC R1, R2, R4, R5, R8): who is pending, who is
 //! restored, who is contained, and the one place that runs a restore unit.
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
 
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use crate::sync::{Mutex, MutexGuard, RwLock};
 
 use super::RestoreConfig;
 use super::containment::{Containment, ReasonKind};
@@ -15,8 +14,10 @@ use super::gate::{Claim, Gate, PENDING, Phase};
 use super::keys;
 use super::machine::StateMachine;
 use super::passivate::{Residency, SlotLife};
+use super::refused::CheckSwitch;
 use super::restoring::{self, Kind};
 use super::telemetry::{self, MetricsHook};
+use super::unit::FallbackSwitch;
 use super::unit::{self, Loaded, UnitFailure};
 use super::waits::{RunnerOf, WaitGraph};
 use crate::entity::EntityId;
@@ -32,6 +33,10 @@ pub struct Slot<S> {
     state: Mutex<Option<Box<Loaded<S>>>>,
     /// Pins, last touch and residency, for passivation (SPEC R10).
     pub(super) life: SlotLife,
+    /// The term of the namespace holding its state was restored under (0: never restored).
+    /// Written before the gate says `Restored`; state of another term than the holding's now
+    /// is stale and restored again before it serves (SPEC F11).
+    pub(super) term: AtomicU64,
 }
 
 impl<S> Slot<S> {
@@ -55,6 +60,11 @@ impl<S> Slot<S> {
 
     pub(super) fn state_lock(&self) -> &Mutex<Option<Box<Loaded<S>>>> {
         &self.state
+    }
+
+    /// The term of the holding its state was restored under.
+    pub(super) fn term(&self) -> u64 {
+        self.term.load(Ordering::Acquire)
     }
 }
 
@@ -97,7 +107,7 @@ pub struct PhaseCounts {
 /// The registry of entities, their gates, and the restore unit runner.
 pub struct Restorer<M: StateMachine> {
     pub(super) store: Arc<dyn Store>,
-    machine: Arc<M>,
+    pub(crate) machine: Arc<M>,
     pub(super) config: RestoreConfig,
     pub(super) slots: RwLock<HashMap<EntityId, Arc<Slot<M::State>>>>,
     /// Which thread waits on which entity's unit (cycle detection, SPEC R11).
@@ -108,6 +118,14 @@ pub struct Restorer<M: StateMachine> {
     pub(super) metrics: MetricsHook,
     /// The passivation budget, ring and counters (SPEC R10).
     pub(super) residency: Residency<M::State>,
+    /// Whether the state machine's `check` runs (SPEC R12; off only in a negative control).
+    pub(crate) checks: CheckSwitch,
+    /// Whether an undecodable checkpoint falls back to the history (SPEC E7; off only in a
+    /// negative control).
+    pub(crate) fallback: FallbackSwitch,
+    /// Entities whose last restore unit lost a batch's answer: their next unit seals the log
+    /// first (SPEC F12).
+    lost_answers: Mutex<crate::sync::HashSet<EntityId>>,
 }
 
 impl<M: StateMachine> Restorer<M> {
@@ -123,19 +141,27 @@ impl<M: StateMachine> Restorer<M> {
             store,
             machine,
             config,
-            slots: RwLock::new(HashMap::new()),
+            slots: RwLock::new(HashMap::default()),
             waits: WaitGraph::default(),
             stopping: AtomicUsize::new(0),
             units_run: AtomicU64::new(0),
             arrivals: AtomicU64::new(0),
             metrics,
             residency: Residency::new(max_resident),
+            checks: CheckSwitch::default(),
+            fallback: FallbackSwitch::default(),
+            lost_answers: Mutex::new(crate::sync::HashSet::default()),
         }
     }
 
     /// The application's state machine.
     pub fn machine(&self) -> &M {
         &self.machine
+    }
+
+    /// The engine's clock.
+    pub(crate) fn clock(&self) -> &crate::clock::SharedClock {
+        &self.config.clock
     }
 
     /// The metrics hook, if any.
@@ -150,8 +176,18 @@ impl<M: StateMachine> Restorer<M> {
 
     /// Marks this thread as holding `entity`'s state while application code runs, until the
     /// guard drops: any touch from there is refused (SPEC R11).
-    pub(crate) fn holding(&self, entity: &EntityId) -> restoring::Mark {
-        restoring::mark(self.owner(), Kind::Holding, Some(entity))
+    pub(crate) fn holding(&self, slot: &Slot<M::State>) -> restoring::Mark {
+        restoring::mark_under(self.owner(), Kind::Holding, Some(&slot.entity), slot.term())
+    }
+
+    /// The term of the holding whose state this thread works on for `entity` (inside its unit,
+    /// or holding its state in a call): the engine's writes for it commit only while the
+    /// namespace is still held under that term (SPEC F11).
+    pub(crate) fn planned_term(&self, entity: &EntityId) -> Option<u64> {
+        if self.config.guards.stale_holding_served {
+            return None;
+        }
+        restoring::planned_term(self.owner(), entity)
     }
 
     /// Marks this thread as inside a public engine call until the guard drops.
@@ -207,6 +243,7 @@ impl<M: StateMachine> Restorer<M> {
             gate: Gate::new(PENDING),
             state: Mutex::new(None),
             life: SlotLife::default(),
+            term: AtomicU64::new(0),
         }
     }
 
@@ -216,11 +253,18 @@ impl<M: StateMachine> Restorer<M> {
     /// marker keeps the incarnation that first registered the entity. Makes no slot: the
     /// entity is pending until its first touch, like any registered entity.
     pub(crate) fn register(&self, entity: &EntityId) -> Result<bool> {
-        if self.slots.read().contains_key(entity) {
+        let restored = self
+            .slots
+            .read()
+            .get(entity)
+            .is_some_and(|s| !matches!(*s.gate.lock(), Phase::Pending { .. }));
+        if restored {
             return Ok(false);
         }
         let p = entity.partition();
-        if self.store.contains_partition(&p)? {
+        // The marker, not the partition, says it is registered: the fence may have written a
+        // lease into the partition of an entity never registered (SPEC R1).
+        if self.is_registered(entity)? {
             return Ok(false);
         }
         let marker = Batch::new().absent(keys::entity_key()).put(
@@ -267,6 +311,20 @@ impl<M: StateMachine> Restorer<M> {
         self.ensure(&slot)
     }
 
+    /// Whether a unit runs for `entity` now (on another thread: a warm worker runs its units
+    /// to the end before it asks). Asks nothing of the store.
+    pub(crate) fn is_being_restored(&self, entity: &EntityId) -> bool {
+        let slot = self.slots.read().get(entity).cloned();
+        slot.is_some_and(|s| matches!(*s.gate.lock(), Phase::Running { .. }))
+    }
+
+    /// Whether `entity` is pending with no unit running for it (an entity without a slot is):
+    /// a touch would start its unit. Asks nothing of the store.
+    pub(crate) fn is_idle_pending(&self, entity: &EntityId) -> bool {
+        let slot = self.slots.read().get(entity).cloned();
+        slot.is_none_or(|s| matches!(*s.gate.lock(), Phase::Pending { .. }))
+    }
+
     /// Touches an entity (SPEC R2): restores it now if it is pending, waits if another thread
     /// is restoring it, and answers at once if it is restored, contained (SPEC R4) or damaged
     /// (SPEC R5). A touch that would wait for something this thread holds (its own unit, a
@@ -278,13 +336,64 @@ impl<M: StateMachine> Restorer<M> {
         Ok(slot)
     }
 
-    /// Makes sure `slot` is restored, running its unit on this thread if it is pending.
+    /// Whether `slot` is restored under the holding its namespace is served under now (the
+    /// gate's mutex is a leaf lock: it may be taken while holding the state). A namespace not
+    /// served now has no holding to compare with: calls for it are refused before they get
+    /// here.
+    pub(crate) fn is_current(&self, slot: &Slot<M::State>) -> bool {
+        slot.is_restored() && !self.is_stale(slot)
+    }
+
+    /// Whether `slot`'s state was restored under another holding than its namespace's now.
+    fn is_stale(&self, slot: &Slot<M::State>) -> bool {
+        if self.config.guards.stale_holding_served {
+            return false;
+        }
+        (self.config.term_now)(slot.entity.namespace()).is_some_and(|now| now != slot.term())
+    }
+
+    /// Makes a restored `slot` whose state is stale (restored under an earlier holding of its
+    /// namespace) pending again, dropping its state with no lock held, so its next touch
+    /// restores it under the current holding (SPEC F11). Lock order: the state, then the gate.
+    /// Waits for a call still using the stale state to end (this thread holds no state: a
+    /// touch from a closure is refused before it gets here).
+    fn forget_stale(&self, slot: &Slot<M::State>) {
+        let mut state = slot.state.lock();
+        let stale = self.is_stale(slot);
+        let mut phase = slot.gate.lock();
+        let mut dropped = None;
+        if matches!(*phase, Phase::Restored) && stale {
+            ::log::debug!(
+                "{}: its state was restored under an earlier holding of its namespace; restoring it again",
+                slot.entity
+            );
+            *phase = PENDING;
+            dropped = state.take();
+            self.residency.left(&slot.life);
+            slot.life.forgotten();
+        }
+        drop(phase);
+        drop(state);
+        drop(dropped);
+        slot.gate.nudge();
+    }
+
+    /// Makes sure `slot` is restored, running its unit on this thread if it is pending, and
+    /// restoring it again if its state was restored under an earlier holding (SPEC F11).
     pub(crate) fn ensure(&self, slot: &Arc<Slot<M::State>>) -> Result<()> {
         let me = restoring::token();
+        let mut stale_units = 0;
         let mut phase = slot.gate.lock();
         loop {
             match &*phase {
                 Phase::Restored => {
+                    // The owners' table is not read under the gate's mutex (a leaf).
+                    drop(phase);
+                    if self.is_stale(slot) {
+                        self.forget_stale(slot);
+                        phase = slot.gate.lock();
+                        continue;
+                    }
                     self.residency.touched(&slot.life);
                     return Ok(());
                 }
@@ -308,7 +417,16 @@ impl<M: StateMachine> Restorer<M> {
                 Phase::Pending { .. } => {
                     slot.gate.claim(&mut phase, me);
                     drop(phase);
-                    self.run_unit(slot, me)?;
+                    if !self.run_unit(slot, me)? {
+                        // Restored under a holding that ended meanwhile: nothing installed;
+                        // the next round restores under the current one.
+                        stale_units += 1;
+                        if stale_units >= STALE_UNITS {
+                            return Err(holding_changed(&slot.entity));
+                        }
+                        phase = slot.gate.lock();
+                        continue;
+                    }
                     // No lock held: counts it resident, and passivates others over budget.
                     self.activated(slot);
                     return Ok(());
@@ -318,13 +436,29 @@ impl<M: StateMachine> Restorer<M> {
     }
 
     /// Runs the restore unit for a slot this thread has claimed, and records the outcome.
-    fn run_unit(&self, slot: &Slot<M::State>, me: u64) -> Result<()> {
+    /// Answers `false` (the entity pending again, nothing installed) when the namespace's
+    /// holding changed while the unit ran: its state belongs to a holding that ended (SPEC
+    /// F11).
+    fn run_unit(&self, slot: &Slot<M::State>, me: u64) -> Result<bool> {
         let claim = Claim::new(&slot.gate, me);
         let _mark = restoring::mark(self.owner(), Kind::Restoring, Some(&slot.entity));
+        let _span = crate::observe::span!("portcullis.restore", entity = slot.entity);
         self.units_run.fetch_add(1, Ordering::Relaxed);
-        let started = Instant::now();
+        let clock = self.config.clock.clone();
+        let started = clock.instant();
+        let mut seal_first = !self.config.guards.unsealed_settlement
+            && self.lost_answers.lock().contains(&slot.entity);
+        let sealing = seal_first;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            unit::run(&*self.store, &*self.machine, &slot.entity, &self.config)
+            let hooks = (&self.metrics, self.checks.on(), self.fallback.on());
+            unit::run(
+                (&*self.store, self.owner()),
+                &*self.machine,
+                &slot.entity,
+                &self.config,
+                hooks,
+                &mut seal_first,
+            )
         }))
         .unwrap_or_else(|payload| {
             Err(UnitFailure::Contained(Containment::from_panic(
@@ -333,6 +467,55 @@ impl<M: StateMachine> Restorer<M> {
             )))
         });
         let outcome = match outcome {
+            Ok((mut loaded, mut report, (term, tail))) => {
+                // The info line and the metrics hook, still inside the unit (no lock held, the
+                // restoring mark set): a panic in telemetry leaves the claim unsettled, and the
+                // gate becomes Damaged (SPEC R5).
+                telemetry::restored(&self.metrics, &slot.entity, &report);
+                // What the hook deferred to the entity is drained before it is served, and the
+                // first-use mark goes.
+                let drained = catch_unwind(AssertUnwindSafe(|| {
+                    unit::finish(
+                        &*self.store,
+                        &*self.machine,
+                        &slot.entity,
+                        &self.config,
+                        (&self.metrics, self.checks.on()),
+                        (&mut loaded, &mut report, tail),
+                    )
+                }))
+                .unwrap_or_else(|payload| {
+                    Err(UnitFailure::Contained(Containment::from_panic(
+                        "restore unit",
+                        &*payload,
+                    )))
+                });
+                drained.map(|()| (loaded, report, term))
+            }
+            Err(failure) => Err(failure),
+        };
+        if matches!(
+            &outcome,
+            Err(UnitFailure::Retry(Error::OutcomeUnknown { .. }))
+        ) {
+            ::log::warn!(
+                "{}: a restore batch lost its answer; the entity stays pending, and its next \
+                 restore seals its log first",
+                slot.entity
+            );
+            self.lost_answers.lock().insert(slot.entity.clone());
+        } else if sealing && !seal_first {
+            self.lost_answers.lock().remove(&slot.entity);
+        }
+        let outcome = match outcome {
+            Err(UnitFailure::Stale) => {
+                ::log::debug!(
+                    "{}: its namespace was adopted again while it was restored; restoring it again",
+                    slot.entity
+                );
+                let _ = claim.settle(PENDING);
+                return Ok(false);
+            }
             Err(UnitFailure::Retry(error)) => {
                 // Not a refusal (SPEC F11): the entity stays pending; a later touch retries.
                 ::log::debug!("restoring {} must wait: {error}", slot.entity);
@@ -343,21 +526,38 @@ impl<M: StateMachine> Restorer<M> {
             Ok(done) => Ok(done),
         };
         match outcome {
-            Ok((loaded, report)) => {
+            Ok((_, _, term))
+                if !self.config.guards.stale_holding_served
+                    && (self.config.term_now)(slot.entity.namespace()) != Some(term) =>
+            {
+                ::log::debug!(
+                    "{}: its namespace was adopted again while it was restored; restoring it again",
+                    slot.entity
+                );
+                let _ = claim.settle(PENDING);
+                Ok(false)
+            }
+            // The info line and the metrics hook ran inside the unit (`unit::run`).
+            Ok((loaded, _, term)) => {
+                slot.term.store(term, Ordering::Release);
                 *slot.state.lock() = Some(Box::new(loaded));
-                // Still inside the unit (no lock held, the restoring mark set): a panic in
-                // telemetry leaves the claim unsettled, and the gate becomes Damaged (SPEC R5).
-                telemetry::restored(&self.metrics, &slot.entity, &report);
                 match claim.settle(Phase::Restored) {
-                    Phase::Restored => Ok(()),
+                    Phase::Restored => Ok(true),
                     other => {
-                        *slot.state.lock() = None;
+                        // Its destructor (application code) runs with no lock held.
+                        let dropped = slot.state.lock().take();
+                        drop(dropped);
                         Err(phase_error(&slot.entity, &other))
                     }
                 }
             }
             Err(reason) => {
-                telemetry::contained(&self.metrics, &slot.entity, &reason, started.elapsed());
+                telemetry::contained(
+                    &self.metrics,
+                    &slot.entity,
+                    &reason,
+                    clock.instant().saturating_duration_since(started),
+                );
                 let error = reason.to_error(&slot.entity);
                 claim.settle(Phase::Contained(Arc::new(reason)));
                 Err(error)
@@ -463,13 +663,19 @@ impl<M: StateMachine> Restorer<M> {
         };
         let mut phase = slot.gate.lock();
         let released = matches!(*phase, Phase::Contained(_) | Phase::Damaged);
+        let mut dropped = None;
         if released {
             *phase = PENDING;
-            *state = None;
+            dropped = state.take();
             ::log::warn!("released {entity}: its next touch runs its restore unit again");
+        }
+        if self.config.guards.drop_state_under_locks {
+            drop(dropped.take()); // the negative control: as before, under both locks
         }
         drop(phase);
         drop(state);
+        // The state's destructor is application code: it runs with no lock held (SPEC R11).
+        drop(dropped);
         // Pending now (or already): the ring's reference goes, and an idle slot leaves.
         self.unlist_unless_restored(std::slice::from_ref(&slot));
         self.retire(vec![slot]);
@@ -493,21 +699,47 @@ impl<M: StateMachine> Restorer<M> {
     /// The entities still pending, in name order. Lists partition names (O(entities)).
     /// The registry's lock is not held while gates are locked (SPEC R11).
     pub fn pending(&self) -> Result<Vec<EntityId>> {
+        self.registered_where(|phase| matches!(phase, Phase::Pending { .. }))
+    }
+
+    /// Every registered entity not restored yet: pending, or with a unit running on another
+    /// thread (a warm that lists these and touches each returns only once every one is
+    /// restored or refused, even one another warm had started).
+    pub(crate) fn not_restored(&self) -> Result<Vec<EntityId>> {
+        self.registered_where(|phase| {
+            matches!(phase, Phase::Pending { .. } | Phase::Running { .. })
+        })
+    }
+
+    /// The registered entities whose phase `keep` accepts (one without a slot is pending).
+    fn registered_where(&self, keep: impl Fn(&Phase) -> bool) -> Result<Vec<EntityId>> {
         let registered = self.registered()?;
         let slots: HashMap<EntityId, Arc<Slot<M::State>>> = self.slots.read().clone();
         Ok(registered
             .into_iter()
-            .filter(|e| {
-                slots
-                    .get(e)
-                    .is_none_or(|s| matches!(*s.gate.lock(), Phase::Pending { .. }))
-            })
+            .filter(|e| slots.get(e).is_none_or(|s| keep(&s.gate.lock())))
             .collect())
     }
 
-    /// Every registered entity, in name order. Lists partition names (O(entities)).
+    /// Every registered entity, in name order: lists partition names and reads each one's
+    /// registration marker (a partition only the fence wrote, a lease for an entity never
+    /// registered, is no entity). O(entities) small reads.
     pub fn entities(&self) -> Result<Vec<EntityId>> {
-        self.registered()
+        let listed = self.registered()?;
+        if self.config.guards.phantom_partitions_are_entities {
+            return Ok(listed);
+        }
+        let mut entities = Vec::with_capacity(listed.len());
+        for e in listed {
+            if self
+                .store
+                .get(&e.partition(), &keys::entity_key())?
+                .is_some()
+            {
+                entities.push(e);
+            }
+        }
+        Ok(entities)
     }
 
     /// Counts entities by phase. Counting the registered entities lists partition names
@@ -557,6 +789,19 @@ impl<M: StateMachine> Restorer<M> {
     /// A stop ended.
     pub(crate) fn end_stop(&self) {
         self.stopping.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How many restore units in a row a touch runs whose holding ended meanwhile before it
+/// answers `Unavailable` (a namespace adopted again and again during each).
+const STALE_UNITS: usize = 3;
+
+fn holding_changed(entity: &EntityId) -> Error {
+    Error::Unavailable {
+        reason: format!(
+            "the namespace of {entity} was adopted again during each of {STALE_UNITS} restores; retry"
+        ),
+        retry_after_ms: 10,
     }
 }
 

@@ -15,7 +15,7 @@
 //! registry's wait-for graph (cycle detection across threads, SPEC R11).
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering}; // seams: not shared (a process-wide counter)
 
 use crate::entity::EntityId;
 
@@ -31,13 +31,35 @@ struct Entry {
     owner: usize,
     kind: Kind,
     entity: Option<EntityId>,
+    /// For a restoring or holding mark: the term of the namespace holding the state belongs
+    /// to (0: not known yet). The engine's writes for that entity on this thread commit only
+    /// while the namespace is still held under it (SPEC F11).
+    term: u64,
 }
 
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
-thread_local! {
+// Per thread, and per task inside a simulation, where every task runs on one thread.
+crate::task_local! {
     static MARKS: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
+}
+crate::task_local! {
     static TOKEN: u64 = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+}
+crate::task_local! {
+    /// Rows deferred by code inside a restore unit to that unit's own entity, on this thread.
+    static SELF_DEFERRALS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Code inside a restore unit wrote a deferred row for the unit's own entity.
+pub(crate) fn deferred_inside_unit() {
+    SELF_DEFERRALS.with(|c| c.set(c.get().wrapping_add(1)));
+}
+
+/// How many rows code inside restore units on this thread deferred to their own entities: a
+/// unit drains again before it ends if this moved since its last drain.
+pub(crate) fn self_deferrals() -> u64 {
+    SELF_DEFERRALS.with(std::cell::Cell::get)
 }
 
 /// This thread's token (never 0, never reused).
@@ -86,14 +108,49 @@ pub(crate) fn innermost(owner: usize) -> Option<Kind> {
 
 /// Marks this thread until the returned guard drops (also on unwind).
 pub(crate) fn mark(owner: usize, kind: Kind, entity: Option<&EntityId>) -> Mark {
+    mark_under(owner, kind, entity, 0)
+}
+
+/// [`mark`], naming the term of the holding the entity's state belongs to.
+pub(crate) fn mark_under(owner: usize, kind: Kind, entity: Option<&EntityId>, term: u64) -> Mark {
     MARKS.with(|m| {
         m.borrow_mut().push(Entry {
             owner,
             kind,
             entity: entity.cloned(),
+            term,
         })
     });
     Mark(())
+}
+
+/// Names the term of the holding the restore unit of `entity` that this thread runs works
+/// under (the innermost such mark), once the unit knows it.
+pub(crate) fn set_unit_term(owner: usize, entity: &EntityId, term: u64) {
+    MARKS.with(|m| {
+        if let Some(e) = m.borrow_mut().iter_mut().rev().find(|e| {
+            e.owner == owner && e.kind == Kind::Restoring && e.entity.as_ref() == Some(entity)
+        }) {
+            e.term = term;
+        }
+    });
+}
+
+/// The term of the holding whose state this thread works on for `entity` (its restore unit,
+/// or a call holding its state), if any: the innermost such mark naming one.
+pub(crate) fn planned_term(owner: usize, entity: &EntityId) -> Option<u64> {
+    MARKS.with(|m| {
+        m.borrow()
+            .iter()
+            .rev()
+            .find(|e| {
+                e.owner == owner
+                    && matches!(e.kind, Kind::Restoring | Kind::Holding)
+                    && e.entity.as_ref() == Some(entity)
+            })
+            .map(|e| e.term)
+            .filter(|t| *t != 0)
+    })
 }
 
 /// Removes the innermost mark when dropped (marks nest, so guards drop in reverse order).

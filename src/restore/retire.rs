@@ -27,9 +27,10 @@
 //! with `try_lock` only (never waited for). Nothing here runs application code, and removed
 //! slots are dropped after the map's lock is released.
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
+use crate::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use super::gate::Phase;
 use super::keys;
@@ -45,14 +46,31 @@ impl<M: StateMachine> Restorer<M> {
     /// The slot of a registered entity if it has one, without making one: `None` means the
     /// entity is registered and pending with no slot. `UnknownEntity` if it is not registered.
     pub(crate) fn existing(&self, entity: &EntityId) -> Result<Option<Arc<Slot<M::State>>>> {
-        if let Some(slot) = self.slots.read().get(entity) {
-            return Ok(Some(Arc::clone(slot)));
+        let slot = self.slots.read().get(entity).map(Arc::clone);
+        if let Some(slot) = slot {
+            // A pending slot may have been made for a partition only the fence wrote (a
+            // touch makes it before its unit finds no registration marker).
+            if !matches!(*slot.gate.lock(), Phase::Pending { .. }) || self.is_registered(entity)? {
+                return Ok(Some(slot));
+            }
+            return Err(Error::UnknownEntity(entity.to_string()));
         }
-        if self.store.contains_partition(&entity.partition())? {
+        if self.is_registered(entity)? {
             Ok(None)
         } else {
             Err(Error::UnknownEntity(entity.to_string()))
         }
+    }
+
+    /// Whether the entity is registered: its partition holds the registration marker (a
+    /// partition only the fence wrote, a lease for an entity never registered, is no entity,
+    /// SPEC R1). One small read.
+    pub(crate) fn is_registered(&self, entity: &EntityId) -> Result<bool> {
+        let p = entity.partition();
+        if self.config.guards.phantom_partitions_are_entities {
+            return self.store.contains_partition(&p);
+        }
+        Ok(self.store.get(&p, &keys::entity_key())?.is_some())
     }
 
     /// Removes from the registry each of `slots` that is pending and idle (see the module
@@ -101,27 +119,36 @@ impl<M: StateMachine> Restorer<M> {
     /// passivated after its unit ran, or (an entity without a slot, or pending) its `\0repair`
     /// row names the newest owed term. Rows are read only while repairs are owed, in name
     /// order, and only until an entity is found not repaired. An error listing the entities
-    /// or reading a row answers `false`, so an owed repair is never dropped on a guess.
-    pub(crate) fn all_repaired_in(&self, ns: &Namespace) -> bool {
+    /// or reading a row answers `false`, so an owed repair is never dropped on a guess; so does
+    /// reaching `deadline` before every entity was looked at (a close is bounded, SPEC R11: the
+    /// rows are read one entity at a time, and the next holder runs what stays owed).
+    pub(crate) fn all_repaired_in(&self, ns: &Namespace, deadline: Option<Instant>) -> bool {
         let Ok(partitions) = self.store.list_partitions(&EntityId::partition_prefix(ns)) else {
             return false;
         };
         let newest_owed = (self.config.owed_now)(ns).and_then(|owed| owed.iter().max().copied());
+        // Only state restored under the current holding had its repairs: one restored under
+        // an earlier holding ran that holding's (SPEC F11).
+        let term = (self.config.term_now)(ns);
+        let this_holding =
+            |s: &Slot<M::State>| self.config.guards.stale_holding_served || term == Some(s.term());
         let slots: HashMap<EntityId, Arc<Slot<M::State>>> = self.slots.read().clone();
+        let in_time = || deadline.is_none_or(|d| self.config.clock.instant() < d);
         partitions
             .iter()
             .filter_map(EntityId::from_partition)
             .all(|e| match slots.get(&e) {
                 Some(s) => match *s.gate.lock() {
-                    Phase::Restored => true,
+                    Phase::Restored if this_holding(s) => true,
                     // Its unit (and repair) ran under this holding (SPEC R10); or, never
                     // restored here, its row tells.
-                    Phase::Pending { .. } => {
-                        s.life.was_passivated() || self.repaired_in_store(&e, newest_owed)
+                    Phase::Restored | Phase::Pending { .. } => {
+                        (s.life.was_passivated() && this_holding(s))
+                            || (in_time() && self.repaired_in_store(&e, newest_owed))
                     }
                     _ => false,
                 },
-                None => self.repaired_in_store(&e, newest_owed),
+                None => in_time() && self.repaired_in_store(&e, newest_owed),
             })
     }
 
@@ -138,7 +165,15 @@ impl<M: StateMachine> Restorer<M> {
             Ok(Some(row)) => {
                 <[u8; 8]>::try_from(row.as_slice()).is_ok_and(|b| u64::from_be_bytes(b) >= newest)
             }
-            _ => false,
+            // No repair row: unrepaired, unless it is no entity (only the fence wrote there),
+            // which has nothing to repair.
+            Ok(None) => {
+                !self.config.guards.phantom_partitions_are_entities
+                    && self
+                        .is_registered(entity)
+                        .is_ok_and(|registered| !registered)
+            }
+            Err(_) => false,
         }
     }
 

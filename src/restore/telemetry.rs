@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::containment::Containment;
+use super::refused::RefusedDeferral;
 use super::unit::UnitReport;
 use super::warm::WarmProgress;
 use crate::entity::EntityId;
@@ -53,6 +54,26 @@ pub trait Metrics: Send + Sync {
     fn appended(&self, entity: &EntityId, records: u64, bytes: u64) {
         let _ = (entity, records, bytes);
     }
+
+    /// A deferred record was refused by the entity's state when its restore unit drained it,
+    /// and set aside instead of appended (SPEC R8, R12). Called once per record, after the
+    /// batch that set it aside committed, on the thread running the unit (no lock held, but
+    /// the entity is being restored: do not touch it from here).
+    ///
+    /// ```
+    /// use portcullis::EntityId;
+    /// use portcullis::restore::{Metrics, RefusedDeferral};
+    ///
+    /// struct Alerts;
+    /// impl Metrics for Alerts {
+    ///     fn deferral_refused(&self, entity: &EntityId, refused: &RefusedDeferral) {
+    ///         eprintln!("{entity}: deferred work refused: {}", refused.reason);
+    ///     }
+    /// }
+    /// ```
+    fn deferral_refused(&self, entity: &EntityId, refused: &RefusedDeferral) {
+        let _ = (entity, refused);
+    }
 }
 
 /// The optional hook, as the engine and restore layer hold it.
@@ -60,11 +81,12 @@ pub(crate) type MetricsHook = Option<Arc<dyn Metrics>>;
 
 pub(crate) fn restored(hook: &MetricsHook, entity: &EntityId, report: &UnitReport) {
     ::log::info!(
-        "restored {entity}: {} records replayed ({} bytes) after checkpoint {:?}, {} deferred, {} repaired, checkpoint published: {}, in {:?}",
+        "restored {entity}: {} records replayed ({} bytes) after checkpoint {:?}, {} deferred, {} deferred refused, {} repaired, checkpoint published: {}, in {:?}",
         report.replayed,
         report.replayed_bytes,
         report.checkpoint_seq,
         report.deferred,
+        report.deferred_refused,
         report.repaired,
         report.checkpoint_published,
         report.elapsed

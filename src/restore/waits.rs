@@ -11,10 +11,10 @@
 //! Lock order: a waiter holds its target's gate mutex while it takes the graph's mutex (a
 //! leaf); the graph reads other gates only through their atomic `runner`.
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use super::gate::Gate;
 use crate::entity::EntityId;

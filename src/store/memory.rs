@@ -1,10 +1,11 @@
 //! The in-memory store: the reference backend for tests (SPEC S9). Nothing survives the process.
 
-use std::collections::{BTreeMap, HashMap};
+use crate::sync::HashMap;
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 
 use super::{
     Batch, Cursor, KeyRange, Op, Outcome, Partition, ScanPage, Store, StoreLimits, StoreStats,
@@ -83,7 +84,7 @@ impl MemoryStore {
     /// ```
     pub fn with_clock(clock: SharedClock) -> Self {
         MemoryStore {
-            partitions: RwLock::new(HashMap::new()),
+            partitions: RwLock::new(HashMap::default()),
             clock,
             limits: StoreLimits::DEFAULT,
             deadlines: true,
@@ -317,6 +318,13 @@ impl Store for MemoryStore {
     fn close(&self) -> Result<()> {
         self.closed.store(true, Ordering::Release);
         Ok(())
+    }
+
+    fn backup(&self, dest: &std::path::Path) -> Result<super::BackupReport> {
+        Err(Error::invalid(format!(
+            "the in-memory store keeps nothing on disk, so there is nothing to back up to {}; to keep its data, copy its partitions into a FileStore (list_partitions, entries, apply)",
+            dest.display()
+        )))
     }
 }
 

@@ -18,8 +18,8 @@ pub use etcd::{
 };
 
 pub use file::{
-    CompactionReport, DamagedRecord, FileStore, FileStoreBuilder, OpenReport, RefusedPartition,
-    StoreDamage, SyncPolicy, TornTail,
+    BackupReport, CompactionReport, DamagedRecord, FileStore, FileStoreBuilder, OpenReport,
+    RefusedPartition, StoreDamage, SyncPolicy, TornTail,
 };
 
 // The file layer and the fault-injecting disk, public only to the crash and fault tests
@@ -28,7 +28,10 @@ pub use file::{
 pub use file::{
     CrashPoint, FailMode, FaultFs, OpenMode, OsFs, PathKind, SkipSync, Vfs, VfsFile, VfsLock,
 };
-pub(crate) use file::{FileCheck, FileState, check_unopened};
+// Where a file store's bytes go, for the tests that bound its footprint (feature `test-hooks`).
+#[cfg(feature = "test-hooks")]
+pub use file::Footprint;
+pub(crate) use file::{FileCheck, FileState, backup_unopened, check_unopened};
 pub use iter::{ENTRIES_PAGE, Entries};
 pub use memory::MemoryStore;
 pub use types::{
@@ -37,6 +40,8 @@ pub use types::{
     check_key,
 };
 pub(crate) use types::{check_guards, check_key_within, refuse_deadlines};
+
+use std::path::Path;
 
 use crate::error::Result;
 
@@ -370,6 +375,38 @@ pub trait Store: Send + Sync {
         true
     }
 
+    /// A number naming this open handle, if it holds the store's data alone: while it is open,
+    /// no other handle, in this process or another, can open the same data (the file store's
+    /// directory lock, SPEC S6). Rows written through another handle of the same data were
+    /// written by one that has been closed, or whose process has ended. The engine uses it to
+    /// take an owner lease written through another handle for ended at once, instead of waiting
+    /// for it to expire (SPEC F12).
+    ///
+    /// `None` (the default) for the in-memory store and for etcd (many processes share it);
+    /// a number drawn at open for the file store (random, so two handles practically never
+    /// share one). A store that wraps another should forward it: every view of one handle
+    /// answers the same number.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{FileStore, MemoryStore, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let first = FileStore::open(dir.path())?;
+    /// let handle = first.exclusive_handle().expect("a file store holds its directory alone");
+    /// first.close()?;
+    /// let again = FileStore::open(dir.path())?;
+    /// assert_ne!(again.exclusive_handle(), Some(handle), "each open is another handle");
+    /// assert_eq!(MemoryStore::new().exclusive_handle(), None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn exclusive_handle(&self) -> Option<u64> {
+        None
+    }
+
     /// Counters for batching, syncs and laziness.
     ///
     /// # Examples
@@ -404,6 +441,40 @@ pub trait Store: Send + Sync {
     /// # }
     /// ```
     fn close(&self) -> Result<()>;
+
+    /// Writes a consistent copy of the store, as it is at one instant during the call, to the
+    /// directory `dest`, which must not exist, while other threads keep using the store
+    /// (SPEC S12). The file-backed store does it ([`FileStore::backup`], which says what is
+    /// guaranteed). A store that keeps nothing in a directory answers
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) saying what to do instead:
+    /// the in-memory store has nothing on disk to copy, and an etcd store is backed up with
+    /// etcd's own snapshot (docs/etcd.md, "Backup"). The default answers that too: a store
+    /// that wraps another forwards this call to it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use portcullis::store::{Batch, FileStore, MemoryStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let file: Arc<dyn Store> = Arc::new(FileStore::open(dir.path().join("live"))?);
+    /// file.apply(&Partition::new("accounts")?, &Batch::new().put("alice", "10"))?;
+    /// let report = file.backup(&dir.path().join("copy"))?;
+    /// assert!(report.files_copied > 0);
+    ///
+    /// let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// assert!(memory.backup(&dir.path().join("other")).is_err()); // nothing on disk to copy
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn backup(&self, dest: &Path) -> Result<BackupReport> {
+        let _ = dest;
+        Err(crate::Error::invalid(
+            "this store cannot back itself up to a directory; copy its partitions into a FileStore (list_partitions, entries, apply) instead",
+        ))
+    }
 }
 
 pub(crate) fn check_limit(limit: usize) -> Result<()> {

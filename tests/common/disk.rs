@@ -198,3 +198,71 @@ pub fn partitions_in(bytes: &[u8], names: &[&str]) -> Vec<String> {
     found.dedup();
     found
 }
+
+/// The partition of [`compacted_with_a_gap`] whose first record is damaged.
+pub const DAMAGED: &str = "damaged";
+/// The partition of [`compacted_with_a_gap`] written once, in the first segment, and never
+/// again: compaction does not rewrite it, so nothing after the gap proves it lost nothing.
+pub const QUIET: &str = "quiet";
+
+/// A disk closed cleanly after a compaction that deleted segments between two it kept: the
+/// first segment (it holds a damaged record of [`DAMAGED`], and a segment that does not read
+/// back intact is kept as evidence; [`QUIET`]'s only record is there too) and the tail. The
+/// manifest and the heads snapshot record the deleted segments, so a full-scan rebuild can tell
+/// their gap from a loss; one that forgot them would refuse [`QUIET`] and every partition the
+/// store does not know. Returns the disk and what was written.
+pub fn compacted_with_a_gap() -> (FaultFs, Tally) {
+    let fs = FaultFs::new();
+    let store = builder(&fs).open().unwrap();
+    let mut tally = Tally::default();
+    tally.put(&store, QUIET, 10);
+    tally.put(&store, DAMAGED, 200);
+    tally.put(&store, DAMAGED, 10);
+    while segments(&fs).len() < 5 {
+        tally.put(&store, "busy", 900);
+    }
+    store.close().unwrap();
+    let first = segments(&fs)[0].clone();
+    let bytes = fs.read_file(&first).unwrap();
+    let hash = super::layout::partition_hash(DAMAGED.as_bytes());
+    let record = super::layout::records(&bytes)
+        .into_iter()
+        .find(|r| r.partition_hash == hash)
+        .unwrap();
+    damage(&fs, &first, |b| {
+        b[record.offset + super::layout::FRAME_LEN + record.body_len - 3] ^= 0x08
+    });
+    let store = builder(&fs).open().unwrap();
+    let report = store.compact().unwrap();
+    assert_eq!(report.segments_kept, 1, "{report:?}");
+    assert!(report.segments_removed >= 2, "{report:?}");
+    tally.put(&store, "busy", 10);
+    store.close().unwrap();
+    let numbers: Vec<u32> = segments(&fs).iter().map(|s| segment_number(s)).collect();
+    assert!(
+        numbers.len() >= 2 && numbers[1] > numbers[0] + 1,
+        "no gap: {numbers:?}"
+    );
+    (fs, tally)
+}
+
+/// Every file under [`DIR`] and its bytes, read from a copy of the disk (a fault planned on
+/// `fs` does not fire): what open may not change when it fails.
+pub fn files(fs: &FaultFs) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut found = BTreeMap::new();
+    let mut dirs = vec![PathBuf::from(DIR)];
+    // A copy: no fault planned on `fs` applies to it.
+    let fs = fs.fork();
+    while let Some(dir) = dirs.pop() {
+        for name in fs.list(&dir).unwrap() {
+            let path = dir.join(name);
+            match fs.read_file(&path) {
+                Some(bytes) => {
+                    found.insert(path, bytes);
+                }
+                None => dirs.push(path),
+            }
+        }
+    }
+    found
+}

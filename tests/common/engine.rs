@@ -37,6 +37,8 @@ pub struct TestMachine {
     pub on_repair: Mutex<Option<Hook>>,
     pub panic_in_repair: AtomicBool,
     pub panic_in_encode: AtomicBool,
+    /// `encode_checkpoint` refuses every state (SPEC L3: nothing is published).
+    pub refuse_in_encode: AtomicBool,
     /// Every record `apply` folded: entity, seq, origin (SPEC R3).
     pub applied: Mutex<Vec<(EntityId, u64, Origin)>>,
 }
@@ -87,9 +89,12 @@ impl StateMachine for TestMachine {
         }
     }
 
-    fn encode_checkpoint(&self, s: &Folded) -> Vec<u8> {
+    fn encode_checkpoint(&self, s: &Folded) -> Result<Vec<u8>, Rejection> {
         if self.panic_in_encode.load(Ordering::SeqCst) {
             panic!("encode crashed");
+        }
+        if self.refuse_in_encode.load(Ordering::SeqCst) {
+            return Err(Rejection::new("this state does not encode"));
         }
         let mut out = Vec::new();
         for (seq, r) in &s.records {
@@ -97,7 +102,7 @@ impl StateMachine for TestMachine {
             out.extend_from_slice(&(r.len() as u32).to_le_bytes());
             out.extend_from_slice(r);
         }
-        out
+        Ok(out)
     }
 
     fn decode_checkpoint(&self, e: &EntityId, mut b: &[u8]) -> Result<Folded, Rejection> {
@@ -152,6 +157,11 @@ pub struct TestStore {
     /// Batches on this partition commit, then answer an error as if the answer was lost on the
     /// way back (`OutcomeUnknown`, as a timed-out etcd request does).
     pub lose_answers_of: Mutex<Option<Partition>>,
+    /// Batches on this partition that write log records are held, as a request delayed in the
+    /// network: the call answers `OutcomeUnknown` at once and the batch is applied only when
+    /// [`TestStore::release_held`] lets it arrive (a delayed copy, SPEC F12).
+    pub hold_record_writes_of: Mutex<Option<Partition>>,
+    pub held: Mutex<Vec<(Partition, Batch)>>,
     pub entity_reads: AtomicU64,
     /// Every call of any kind (reads, batches, listings).
     pub calls: AtomicU64,
@@ -162,7 +172,11 @@ pub struct TestStore {
     pub before_apply: Mutex<Option<StoreHook>>,
     pub after_apply: Mutex<Option<StoreHook>>,
     pub before_scan: Mutex<Option<ScanHook>>,
+    /// Runs before every single-row read (`get`), with the partition and key.
+    pub before_get: Mutex<Option<GetHook>>,
 }
+
+type GetHook = Arc<dyn Fn(&Partition, &[u8]) + Send + Sync>;
 
 impl TestStore {
     pub fn new() -> Arc<Self> {
@@ -181,6 +195,8 @@ impl TestStore {
             fail_reads_of: Mutex::new(None),
             fail_writes_of: Mutex::new(None),
             lose_answers_of: Mutex::new(None),
+            hold_record_writes_of: Mutex::new(None),
+            held: Mutex::new(Vec::new()),
             entity_reads: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             fail_lists: AtomicBool::new(false),
@@ -188,11 +204,20 @@ impl TestStore {
             before_apply: Mutex::new(None),
             after_apply: Mutex::new(None),
             before_scan: Mutex::new(None),
+            before_get: Mutex::new(None),
         })
     }
 
     pub fn calls(&self) -> u64 {
         self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Lets every held batch arrive now, in order; answers what each got.
+    pub fn release_held(&self) -> Vec<Outcome> {
+        let held = std::mem::take(&mut *self.held.lock());
+        held.iter()
+            .map(|(p, batch)| self.inner.apply(p, batch).unwrap())
+            .collect()
     }
 
     /// Starts recording batches on entity partitions.
@@ -217,11 +242,16 @@ impl TestStore {
         *self.after_apply.lock() = Some(Arc::new(hook));
     }
 
+    pub fn set_before_get(&self, hook: impl Fn(&Partition, &[u8]) + Send + Sync + 'static) {
+        *self.before_get.lock() = Some(Arc::new(hook));
+    }
+
     pub fn set_before_scan(&self, hook: impl Fn(&Partition, &KeyRange) + Send + Sync + 'static) {
         *self.before_scan.lock() = Some(Arc::new(hook));
     }
 
     pub fn clear_hooks(&self) {
+        *self.before_get.lock() = None;
         *self.before_apply.lock() = None;
         *self.after_apply.lock() = None;
         *self.before_scan.lock() = None;
@@ -245,6 +275,10 @@ impl TestStore {
 impl Store for TestStore {
     fn get(&self, p: &Partition, key: &[u8]) -> portcullis::Result<Option<Vec<u8>>> {
         self.read(p)?;
+        let hook = self.before_get.lock().clone();
+        if let Some(hook) = hook {
+            hook(p, key);
+        }
         self.inner.get(p, key)
     }
     fn get_for_update(&self, p: &Partition, key: &[u8]) -> portcullis::Result<Option<Vec<u8>>> {
@@ -280,6 +314,13 @@ impl Store for TestStore {
             return Err(portcullis::Error::Io {
                 context: format!("writing {p}"),
                 source: std::io::Error::other("injected write failure"),
+            });
+        }
+        if self.hold_record_writes_of.lock().as_ref() == Some(p) && writes_records(batch) {
+            self.held.lock().push((p.clone(), batch.clone()));
+            return Err(portcullis::Error::OutcomeUnknown {
+                partition: p.to_string(),
+                detail: "injected: the request is held in the network".into(),
             });
         }
         let hook = self.before_apply.lock().clone();
@@ -335,7 +376,9 @@ impl Store for TestStore {
 
 pub type TestEngine = Engine<Arc<TestMachine>>;
 
-/// A builder over `store` with a small pool, ready for `.open()`.
+/// A builder over `store` with a small pool, ready for `.open()`. The background warm is off:
+/// these tests count restore units and read entities' phases, so every restore must come from
+/// the test's own calls (tests of the background warm turn it on).
 pub fn builder(
     machine: &Arc<TestMachine>,
     store: &Arc<TestStore>,
@@ -344,6 +387,7 @@ pub fn builder(
         .store(Arc::clone(store) as Arc<dyn Store>)
         .pool_threads(2)
         .warm_parallelism(2)
+        .background_warm(false)
 }
 
 pub fn entity(i: usize) -> EntityId {
@@ -476,8 +520,12 @@ pub fn taken_over() -> (Arc<TestStore>, Arc<TestMachine>, TestEngine, TestEngine
 }
 
 /// Ends an engine the way a crash would: no clean shutdown is recorded (dropping it would
-/// close it cleanly, SPEC R11). The store wrapper keeps the data for the next open.
+/// close it cleanly, SPEC R11), and its owner lease lapses as if its time had passed since the
+/// crash (SPEC F12), so the next engine with its owner id opens at once. The store wrapper
+/// keeps the data for the next open. (tests/engine_liveness.rs lets leases expire on a manual
+/// clock instead.)
 pub fn crash(engine: TestEngine) {
+    engine.crash_for_test();
     std::mem::forget(engine);
 }
 
@@ -493,6 +541,24 @@ pub fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'sta
         Ok(value) => value,
         Err(_) => panic!("{what} did not finish within 10 s: it is deadlocked"),
     }
+}
+
+/// The negative control of a lock rule: `f` must still be blocked after five seconds (it is
+/// left running, deadlocked, on its own thread). Panics if it finished (or failed) in time:
+/// then the test cannot see a lock held.
+pub fn stays_deadlocked(f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = crossbeam::channel::bounded(1);
+    std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    assert!(
+        matches!(
+            rx.recv_timeout(std::time::Duration::from_secs(5)),
+            Err(crossbeam::channel::RecvTimeoutError::Timeout)
+        ),
+        "the workload finished (or failed) even with the rule turned off: the test cannot see a lock held"
+    );
 }
 
 /// Spins (yielding) until `done` holds, for at most ten seconds. Used only to wait for a state

@@ -17,7 +17,9 @@ pub struct RecordAt {
     pub offset: usize,
     /// Bytes of body after the frame.
     pub body_len: usize,
-    /// 1 = batch, 2 = base, 3 = part of a base split over several records.
+    /// 1 = batch, 2 = base, 3 = part of a base split over several records (format version 2's
+    /// entries); 4 = base, 5 = part of a base run (packed entries, format version 3); 6 =
+    /// compaction's copies of values, without keys.
     pub kind: u8,
     /// FNV-1a of the partition name.
     pub partition_hash: u64,
@@ -35,7 +37,7 @@ pub fn records(segment: &[u8]) -> Vec<RecordAt> {
         let kind = frame[8];
         let partition_hash = u64::from_le_bytes(frame[17..25].try_into().unwrap());
         assert!(
-            body_len > 0 && (1..=3).contains(&kind),
+            body_len > 0 && (1..=6).contains(&kind),
             "not a frame at {at}"
         );
         found.push(RecordAt {

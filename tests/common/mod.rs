@@ -6,12 +6,16 @@
 #![allow(dead_code)]
 
 pub mod backends;
+pub mod backup;
+pub mod chat_versions;
 pub mod check;
 pub mod crash;
 pub mod disk;
 pub mod engine;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub mod generate;
+pub mod killable;
 pub mod layout;
 pub mod logs;
 pub mod os_files;
@@ -21,3 +25,4 @@ pub mod steps;
 pub mod traced;
 pub mod workload;
 pub mod world;
+pub mod world_owners;

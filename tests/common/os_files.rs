@@ -1,6 +1,7 @@
-//! The operating system's files with an observer on every read, for the tests that measure or
-//! pause what the file store does at a read (its heap at that moment, or a reader held inside
-//! its value read). Everything else goes straight to [`OsFs`].
+//! The operating system's files with an observer on every read and sync, for the tests that
+//! measure or pause what the file store does there (its heap at a read, a reader held inside its
+//! value read, a group-commit leader held inside its sync). Everything else goes straight to
+//! [`OsFs`].
 
 use std::fmt::Debug;
 use std::io;
@@ -9,10 +10,12 @@ use std::sync::Arc;
 
 use portcullis::store::{OpenMode, OsFs, PathKind, Vfs, VfsFile, VfsLock};
 
-/// Told of every read before it happens.
+/// Told of every read, and of every sync, before it happens.
 pub trait ReadObserver: Send + Sync + Debug + 'static {
     /// Called with the length of the read about to happen.
     fn before_read(&self, len: usize);
+    /// Called before every `sync_data` of a file (nothing by default).
+    fn before_sync(&self) {}
 }
 
 /// The operating system's files, telling the observer of every read before it happens.
@@ -32,6 +35,7 @@ impl<O: ReadObserver> VfsFile for ObservedFile<O> {
         self.0.write_all_at(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
+        self.1.before_sync();
         self.0.sync_data()
     }
     fn len(&self) -> io::Result<u64> {

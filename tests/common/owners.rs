@@ -40,6 +40,20 @@ pub struct Shared {
     /// Set, per owner, while the application writes through a fence directly (see
     /// [`CallGrant`]).
     pub calls: Mutex<HashMap<usize, CallGrant>>,
+    /// "The network": batches whose answer was lost and that have not arrived yet, oldest
+    /// first, each with the owner that sent it and the grant it was planned under (a delayed
+    /// copy, as etcd can commit after the request timed out, SPEC S2, F12).
+    pub network: Mutex<Vec<Held>>,
+    /// Set when an answer was lost during the current step.
+    pub lost: AtomicBool,
+}
+
+/// A batch held in the network.
+pub struct Held {
+    pub owner: usize,
+    pub partition: Partition,
+    pub batch: Batch,
+    pub grant: Option<(u64, Option<u64>)>,
 }
 
 impl Shared {
@@ -89,8 +103,17 @@ pub struct OwnerStore {
     pub dead: AtomicBool,
     /// The epoch grant this owner's engine serves each namespace under (as `own` answered).
     pub grants: Mutex<HashMap<Namespace, u64>>,
+    /// The grant of a namespace the engine adopted on first use (no step recorded it).
+    grant_of: Mutex<Option<GrantOf>>,
+    /// Armed by [`OwnerStore::lose_next`]: the next batch that appends log records loses its
+    /// answer (`OutcomeUnknown`), after committing (`Some(true)`) or held in the network
+    /// (`Some(false)`).
+    lose: Mutex<Option<bool>>,
     pub shared: Arc<Shared>,
 }
+
+/// Asks the owner's engine which grant it serves a namespace under.
+pub type GrantOf = Box<dyn Fn(&Namespace) -> Option<u64> + Send + Sync>;
 
 impl OwnerStore {
     pub fn new(base: Arc<dyn Store>, owner: usize, skew_ms: i64, shared: Arc<Shared>) -> Self {
@@ -100,8 +123,15 @@ impl OwnerStore {
             skew_ms: AtomicI64::new(skew_ms),
             dead: AtomicBool::new(false),
             grants: Mutex::new(HashMap::new()),
+            grant_of: Mutex::new(None),
+            lose: Mutex::new(None),
             shared,
         }
+    }
+
+    /// Where a commit finds the grant of a namespace adopted on first use.
+    pub fn set_grant_of(&self, grant_of: GrantOf) {
+        *self.grant_of.lock() = Some(grant_of);
     }
 
     fn alive(&self) -> portcullis::Result<()> {
@@ -114,8 +144,72 @@ impl OwnerStore {
         Ok(())
     }
 
+    /// Arms the loss of the next answer to a batch that appends log records: it commits and
+    /// then answers `OutcomeUnknown` (`commit`), or it is held in the network (see
+    /// [`Shared::network`]) and answers `OutcomeUnknown`, to arrive at a later
+    /// [`Shared::deliver`].
+    pub fn lose_next(&self, commit: bool) {
+        *self.lose.lock() = Some(commit);
+    }
+
+    /// Disarms [`OwnerStore::lose_next`].
+    pub fn keep_answers(&self) {
+        *self.lose.lock() = None;
+    }
+
+    /// The grant a write to `p` is planned under, as far as the test knows: the application's
+    /// own call, else the grant the engine serves the namespace under.
+    fn grant_for(&self, p: &Partition) -> Option<(u64, Option<u64>)> {
+        let entity = EntityId::from_partition(p)?;
+        let ns = entity.namespace();
+        let call = self.shared.calls.lock().get(&self.owner).cloned();
+        let call = call.filter(|c| &c.ns == ns);
+        match call {
+            Some(c) => Some((c.epoch, c.authority)),
+            None => {
+                let recorded = self.grants.lock().get(ns).copied();
+                let adopted = || self.grant_of.lock().as_ref().and_then(|f| f(ns));
+                recorded.or_else(adopted).map(|g| (g, None))
+            }
+        }
+    }
+
     /// Checks a committed batch on an entity partition and records its log records.
     fn committed(&self, p: &Partition, batch: &Batch) {
+        let grant = self.grant_for(p);
+        self.shared
+            .committed(&*self.base, self.owner, p, batch, grant, "");
+    }
+}
+
+impl Shared {
+    /// Delivers the oldest batch of `owner` still in the network; answers whether there was
+    /// one and what the store answered.
+    pub fn deliver(&self, base: &dyn Store, owner: usize) -> Option<portcullis::Result<Outcome>> {
+        let held = {
+            let mut network = self.network.lock();
+            let i = network.iter().position(|h| h.owner == owner)?;
+            network.remove(i)
+        };
+        let outcome = base.apply(&held.partition, &held.batch);
+        if let Ok(Outcome::Committed) = outcome {
+            let late = " (a delayed copy of a write whose answer was lost)";
+            self.committed(base, owner, &held.partition, &held.batch, held.grant, late);
+        }
+        Some(outcome)
+    }
+
+    /// Checks a batch of `owner` that committed on an entity partition, planned under `grant`
+    /// (epoch, authority), and records its log records.
+    fn committed(
+        &self,
+        base: &dyn Store,
+        owner: usize,
+        p: &Partition,
+        batch: &Batch,
+        grant: Option<(u64, Option<u64>)>,
+        late: &str,
+    ) {
         let Some(entity) = EntityId::from_partition(p) else {
             return;
         };
@@ -129,32 +223,30 @@ impl OwnerStore {
             return;
         }
         let ns = entity.namespace();
-        let call = self.shared.calls.lock().get(&self.owner).cloned();
-        let call = call.filter(|c| &c.ns == ns);
-        let (epoch, authority) = match call {
-            Some(c) => (Some(c.epoch), c.authority),
-            None => (self.grants.lock().get(ns).copied(), None),
+        let (epoch, authority) = match grant {
+            Some((e, a)) => (Some(e), a),
+            None => (None, None),
         };
         let Some(epoch) = epoch else {
-            self.shared.violation(format!(
-                "owner {} wrote to {entity} without serving {ns}",
-                self.owner
+            self.violation(format!(
+                "owner {} wrote to {entity} without serving {ns}{late}",
+                owner
             ));
             return;
         };
-        let done = self.shared.completed(FenceKind::Epoch, ns);
+        let done = self.completed(FenceKind::Epoch, ns);
         if epoch < done {
-            self.shared.violation(format!(
-                "F7 violated: owner {} committed a write to {entity} planned under epoch {epoch} after Complete for {done}",
-                self.owner
+            self.violation(format!(
+                "F7 violated: owner {} committed a write to {entity} planned under epoch {epoch} after Complete for {done}{late}",
+                owner
             ));
         }
         if let Some(g) = authority {
-            let done = self.shared.completed(FenceKind::Authority, ns);
+            let done = self.completed(FenceKind::Authority, ns);
             if g < done {
-                self.shared.violation(format!(
+                self.violation(format!(
                     "F7 violated (authority): owner {} committed a write to {entity} planned under generation {g} after Complete for {done}",
-                    self.owner
+                    owner
                 ));
             }
         }
@@ -169,9 +261,9 @@ impl OwnerStore {
         let Some(&first) = seqs.iter().min() else {
             return;
         };
-        let page = portcullis::log::read_log(&*self.base, p, first, seqs.len())
+        let page = portcullis::log::read_log(base, p, first, seqs.len())
             .expect("reading records that just committed");
-        let mut ghost = self.shared.ghost.lock();
+        let mut ghost = self.ghost.lock();
         let log = ghost.entry(entity.clone()).or_default();
         for record in page.records {
             if let Some(old) = log.get(&record.seq) {
@@ -181,14 +273,14 @@ impl OwnerStore {
                     String::from_utf8_lossy(old),
                     String::from_utf8_lossy(&record.payload)
                 );
-                self.shared.violation(what);
+                self.violation(what);
             } else if log.values().any(|p| *p == record.payload) {
                 let what = format!(
                     "{:?} was applied twice to {entity} (again at {})",
                     String::from_utf8_lossy(&record.payload),
                     record.seq
                 );
-                self.shared.violation(what);
+                self.violation(what);
             }
             log.insert(record.seq, record.payload);
         }
@@ -216,6 +308,35 @@ impl Store for OwnerStore {
     }
     fn apply(&self, p: &Partition, batch: &Batch) -> portcullis::Result<Outcome> {
         self.alive()?;
+        let appends = || {
+            batch.ops().iter().any(|op| match op {
+                Op::Put(k, _) => record_seq(k).is_some(),
+                _ => false,
+            })
+        };
+        if self.lose.lock().is_some() && EntityId::from_partition(p).is_some() && appends() {
+            let commit = self.lose.lock().take().expect("armed");
+            self.shared.lost.store(true, Ordering::SeqCst);
+            let detail = if commit {
+                let outcome = self.base.apply(p, batch)?;
+                if outcome == Outcome::Committed {
+                    self.committed(p, batch);
+                }
+                "the answer was lost after the batch reached the store"
+            } else {
+                self.shared.network.lock().push(Held {
+                    owner: self.owner,
+                    partition: p.clone(),
+                    batch: batch.clone(),
+                    grant: self.grant_for(p),
+                });
+                "the request timed out; a copy may still arrive"
+            };
+            return Err(portcullis::Error::OutcomeUnknown {
+                partition: format!("{p:?}"),
+                detail: detail.into(),
+            });
+        }
         let outcome = self.base.apply(p, batch)?;
         if outcome == Outcome::Committed {
             self.committed(p, batch);
@@ -289,8 +410,8 @@ impl StateMachine for ListMachine {
         Ok(())
     }
 
-    fn encode_checkpoint(&self, s: &Log) -> Vec<u8> {
-        postcard::to_allocvec(&s.records).expect("encodes")
+    fn encode_checkpoint(&self, s: &Log) -> Result<Vec<u8>, Rejection> {
+        postcard::to_allocvec(&s.records).map_err(|e| Rejection::new(e.to_string()))
     }
 
     fn decode_checkpoint(&self, _: &EntityId, b: &[u8]) -> Result<Log, Rejection> {
@@ -304,26 +425,27 @@ impl StateMachine for ListMachine {
     }
 }
 
-/// Counts successful restore units per entity and collects containments (SPEC R2, R4).
+/// Counts successful restore units per entity and namespace holding (its term) and collects
+/// containments (SPEC R2, R4).
 #[derive(Default)]
 pub struct UnitCounter {
-    pub restored: Mutex<HashMap<EntityId, u64>>,
+    pub restored: Mutex<HashMap<(EntityId, u64), u64>>,
     pub contained: Mutex<Vec<String>>,
 }
 
 impl UnitCounter {
     /// Forgets the counts of `ns`'s entities: a new adoption restores them afresh.
     pub fn forget(&self, ns: &Namespace) {
-        self.restored.lock().retain(|e, _| e.namespace() != ns);
+        self.restored.lock().retain(|(e, _), _| e.namespace() != ns);
     }
 
-    /// Entities whose unit succeeded more than once since their namespace was adopted.
+    /// Entities whose unit succeeded more than once under one holding of their namespace.
     pub fn repeated(&self) -> Vec<(EntityId, u64)> {
         let restored = self.restored.lock();
         let mut out: Vec<_> = restored
             .iter()
             .filter(|(_, n)| **n > 1)
-            .map(|(e, n)| (e.clone(), *n))
+            .map(|((e, _), n)| (e.clone(), *n))
             .collect();
         out.sort_by_key(|(e, _)| e.to_string());
         out
@@ -331,8 +453,12 @@ impl UnitCounter {
 }
 
 impl Metrics for UnitCounter {
-    fn entity_restored(&self, entity: &EntityId, _: &UnitReport) {
-        *self.restored.lock().entry(entity.clone()).or_default() += 1;
+    fn entity_restored(&self, entity: &EntityId, report: &UnitReport) {
+        *self
+            .restored
+            .lock()
+            .entry((entity.clone(), report.term))
+            .or_default() += 1;
     }
 
     fn entity_contained(&self, entity: &EntityId, reason: &Containment, _: Duration) {

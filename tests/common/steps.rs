@@ -106,11 +106,37 @@ pub enum Step {
         o: usize,
         ns: usize,
     },
+    /// The same in one call, `Engine::take_over` (SPEC F12), forced or not.
+    TakeOverCall {
+        o: usize,
+        ns: usize,
+        force: bool,
+    },
+    /// A warm of every pending entity the owner serves (SPEC R6, F12).
+    Warm {
+        o: usize,
+    },
+    /// `fold_all` over what the owner serves (SPEC R7, F12).
+    FoldAll {
+        o: usize,
+    },
     /// The coordinator is restored from an older copy (its leased-shard rows are lost) and
     /// declared recovered at once, as SPEC F6 requires.
     LoseRows {
         o: usize,
         ns: usize,
+    },
+    /// The answer to owner `o`'s next batch that appends log records is lost
+    /// (`OutcomeUnknown`): after it committed (`commit`), or with the batch held in the network,
+    /// to arrive at a later [`Step::Deliver`] (a delayed copy, SPEC S2, F12).
+    LoseAnswer {
+        o: usize,
+        commit: bool,
+    },
+    /// The oldest batch of owner `o` (of any of its incarnations) still in the network arrives
+    /// at the store.
+    Deliver {
+        o: usize,
     },
     /// Run `then`; when owner `o`'s fence reaches `point`, run `actions` (other owners) there.
     Interleave {

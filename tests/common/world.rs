@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use portcullis::engine::{Deferred, Engine};
+use portcullis::engine::{Deferred, Engine, NamespaceOwner, OwnerSwitches};
 use portcullis::fence::{
     Fence, FenceConfig, FenceGrant, FenceHooks, FenceKind, GuardSwitches, HookPoint, LeaseRow,
     RevokeBudget, RevokeProgress, decode_row, write_under,
@@ -44,7 +44,9 @@ pub struct World {
     pub config: FenceConfig,
     pub shared: Arc<Shared>,
     pub switches: GuardSwitches,
-    owners: Vec<Mutex<Option<Owner>>>,
+    /// The ownership switches every engine opens with (a negative control).
+    pub owner_switches: OwnerSwitches,
+    pub(super) owners: Vec<Mutex<Option<Owner>>>,
     armed: Mutex<Option<Armed>>,
     /// Whether an interleaving ran during the current step.
     fired: AtomicBool,
@@ -58,6 +60,8 @@ pub struct World {
     pub tallies: Mutex<std::collections::BTreeMap<String, u64>>,
     /// The steps run, nested ones indented.
     pub trace: Mutex<Vec<String>>,
+    /// Each namespace's holder (its owner row) after the last check.
+    pub(super) holders: Mutex<Vec<Option<NamespaceOwner>>>,
     me: Weak<World>,
 }
 
@@ -88,7 +92,7 @@ impl World {
         shape: Shape,
         base: Arc<dyn Store>,
         clock: ManualClock,
-        switches: GuardSwitches,
+        (switches, owner_switches): (GuardSwitches, OwnerSwitches),
     ) -> Arc<World> {
         let world = Arc::new_cyclic(|me| World {
             shape,
@@ -97,6 +101,7 @@ impl World {
             config: FenceConfig::default(),
             shared: Arc::new(Shared::default()),
             switches,
+            owner_switches,
             owners: (0..shape.owners).map(|_| Mutex::new(None)).collect(),
             armed: Mutex::new(None),
             fired: AtomicBool::new(false),
@@ -104,6 +109,7 @@ impl World {
             counter: Mutex::new(0),
             deferred: Mutex::new(Vec::new()),
             trace: Mutex::new(Vec::new()),
+            holders: Mutex::new(vec![None; shape.namespaces]),
             tallies: Mutex::new(Default::default()),
             me: me.clone(),
         });
@@ -125,7 +131,7 @@ impl World {
         EntityId::in_namespace(namespace(i % self.shape.namespaces), format!("e{i}")).unwrap()
     }
 
-    fn open(&self, o: usize, skew: i64) {
+    pub(super) fn open(&self, o: usize, skew: i64) {
         let store = Arc::new(OwnerStore::new(
             Arc::clone(&self.base),
             o,
@@ -133,12 +139,19 @@ impl World {
             Arc::clone(&self.shared),
         ));
         let units = Arc::new(UnitCounter::default());
+        // Every owner adopts on first use (the default): a touch by an owner that does not
+        // serve a namespace may adopt it only if no other owner holds it (SPEC F12).
         let engine = Engine::builder(ListMachine)
             .store(Arc::clone(&store) as Arc<dyn Store>)
             .owner(format!("owner-{o}"))
-            .adopt_on_first_use(false)
-            // Sweeps are steps of their own: no background pass on real time.
+            .owner_switches_for_test(self.owner_switches)
+            // Sweeps are steps of their own: no background pass on real time. Owner leases are
+            // renewed by the calls that find them lapsed, on the world's clock: no background
+            // renewal on real time either, and no background warm (restores happen in touch and
+            // warm steps), so every case replays from its seed.
             .sweep_expired_leases(false)
+            .renew_owner_lease(false)
+            .background_warm(false)
             .pool_threads(1)
             .warm_parallelism(1)
             .checkpoint_tail_bound(4)
@@ -155,6 +168,13 @@ impl World {
             FenceKind::Authority,
         );
         engine.set_bypass_fence_for_test(self.bypass_fence.load(Ordering::SeqCst));
+        // The grant of a namespace adopted on first use, which no step recorded.
+        let me = self.me.clone();
+        store.set_grant_of(Box::new(move |ns| {
+            me.upgrade()
+                .and_then(|w| w.owners[o].lock().as_ref().map(|x| x.engine.clone()))
+                .and_then(|engine| engine.grant(ns))
+        }));
         for fence in [engine.fence(), &authority] {
             fence.set_guard_switches(self.switches);
             fence.set_hooks(Arc::new(Hooks {
@@ -232,10 +252,16 @@ impl World {
         }))
     }
 
+    /// No interleaving is armed any more (a step that goes on after its own work).
+    pub(super) fn disarm(&self) {
+        *self.armed.lock() = None;
+    }
+
     /// Runs one top-level step; `Err` describes a violation.
     pub fn run(&self, step: &Step) -> Result<(), String> {
         self.trace.lock().push(format!("{step:?}"));
         self.fired.store(false, Ordering::SeqCst);
+        self.shared.lost.store(false, Ordering::SeqCst);
         let result = self.exec(step);
         *self.armed.lock() = None;
         result?;
@@ -247,6 +273,7 @@ impl World {
         if let Some(v) = self.shared.violations.lock().first() {
             return Err(v.clone());
         }
+        self.ownership()?;
         for o in 0..self.shape.owners {
             let owner = self.owner(o);
             if let Some(c) = owner.units.contained.lock().first() {
@@ -263,12 +290,18 @@ impl World {
     }
 
     /// Whether an error is one the step may meet; `Unavailable` only when an interleaving
-    /// moved leases under the step.
-    fn expected(&self, what: &str, e: Error) -> Result<(), String> {
+    /// moved leases under the step or an answer was lost during it, `OutcomeUnknown` only in
+    /// the latter case.
+    pub(super) fn expected(&self, what: &str, e: Error) -> Result<(), String> {
         self.tally(&format!("{what}: {}", e.code()));
         match e {
-            Error::Fenced { .. } | Error::NotServed { .. } => Ok(()),
+            Error::Fenced { .. } | Error::NotServed { .. } | Error::OwnerLive { .. } => Ok(()),
             Error::Unavailable { .. } if self.fired.load(Ordering::SeqCst) => Ok(()),
+            Error::Unavailable { .. } | Error::OutcomeUnknown { .. }
+                if self.shared.lost.load(Ordering::SeqCst) =>
+            {
+                Ok(())
+            }
             e => Err(format!("{what}: unexpected {e}")),
         }
     }
@@ -278,7 +311,12 @@ impl World {
         *self.tallies.lock().entry(what.to_string()).or_default() += 1;
     }
 
-    fn completed(&self, kind: FenceKind, fence: &Fence, ns: usize) -> Result<(), String> {
+    pub(super) fn completed(
+        &self,
+        kind: FenceKind,
+        fence: &Fence,
+        ns: usize,
+    ) -> Result<(), String> {
         self.tally(&format!("complete {kind:?}"));
         let ns = namespace(ns);
         let epoch = fence.current_epoch(&ns).map_err(|e| e.to_string())?;
@@ -416,14 +454,10 @@ impl World {
                 }
             }
             Step::AuthWrite { o, e, refresh } => self.auth_write(o, e, refresh)?,
-            Step::Crash { o } => {
-                let skew = self.owner(o).store.skew_ms.load(Ordering::SeqCst);
-                let dead = self.owners[o].lock().take().expect("open");
-                dead.store.dead.store(true, Ordering::SeqCst);
-                drop(dead); // its clean close fails: the store refuses the dead process
-                self.tally("crash");
-                self.open(o, skew);
-            }
+            Step::Crash { o } => self.crash(o)?,
+            Step::Warm { o } => self.warm(o)?,
+            Step::FoldAll { o } => self.fold_all(o)?,
+            Step::TakeOverCall { o, ns, force } => self.take_over_call(o, ns, force)?,
             Step::Release { o, ns } => {
                 let (owner, ns) = (self.owner(o), namespace(ns));
                 owner
@@ -433,6 +467,7 @@ impl World {
                 owner.store.grants.lock().remove(&ns);
             }
             Step::Own { o, ns } => {
+                self.proof_of_completion(o, ns)?;
                 let (owner, ns) = (self.owner(o), namespace(ns));
                 if !self.may_own(o, &ns).map_err(|e| e.to_string())? {
                     return Ok(());
@@ -469,6 +504,16 @@ impl World {
                     .mark_lease_table_recovered(&ns)
                     .map_err(|e| e.to_string())?;
             }
+            Step::LoseAnswer { o, commit } => self.owner(o).store.lose_next(commit),
+            Step::Deliver { o } => match self.shared.deliver(&*self.base, o) {
+                Some(Ok(outcome)) => {
+                    let outcome = format!("{outcome:?}");
+                    let kind = outcome.split([' ', '{']).next().unwrap_or_default();
+                    self.tally(&format!("delivered: {kind}"));
+                }
+                Some(Err(err)) => return Err(format!("a delayed copy: {err}")),
+                None => {}
+            },
             Step::Interleave {
                 o,
                 point,
@@ -531,50 +576,13 @@ impl World {
             Err(err) => self.expected("authority write", err),
         }
     }
-
-    /// The record at `seq` of `entity` committed with `payload`.
-    fn check_at(&self, entity: &EntityId, seq: u64, payload: &[u8]) -> Result<(), String> {
-        let ghost = self.shared.ghost_of(entity);
-        match ghost.iter().find(|(s, _)| *s == seq) {
-            Some((_, p)) if p == payload => Ok(()),
-            other => Err(format!(
-                "{entity}: the engine answered seq {seq} for {:?}, the log holds {other:?}",
-                String::from_utf8_lossy(payload)
-            )),
-        }
-    }
-
-    /// Reads an entity through owner `o`; if `o` serves its namespace at the current epoch,
-    /// its state must equal the fold of every record committed to it.
-    pub fn read(&self, o: usize, e: usize) -> Result<(), String> {
-        let (engine, x) = (self.owner(o).engine, self.entity(e));
-        let state = match engine.read(&x, |s| s.records.clone()) {
-            Ok(state) => state,
-            Err(err) => return self.expected("read", err),
-        };
-        let current = engine
-            .current_epoch(x.namespace())
-            .map_err(|e| e.to_string())?;
-        if engine.grant(x.namespace()) != Some(current) {
-            return Ok(()); // a deposed owner's reads may be stale (docs/fencing.md, limits)
-        }
-        let ghost = self.shared.ghost_of(&x);
-        if state != ghost {
-            return Err(format!(
-                "owner {o}: the state of {x} is not the fold of its committed log:\n  state {:?}\n  log   {:?}",
-                show(&state),
-                show(&ghost)
-            ));
-        }
-        Ok(())
-    }
 }
 
 fn ns_index(ns: &Namespace) -> usize {
     ns.as_str()[2..].parse().unwrap()
 }
 
-fn show(records: &[(u64, Vec<u8>)]) -> Vec<String> {
+pub(super) fn show(records: &[(u64, Vec<u8>)]) -> Vec<String> {
     records
         .iter()
         .map(|(s, p)| format!("{s}:{}", String::from_utf8_lossy(p)))

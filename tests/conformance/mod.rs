@@ -2439,6 +2439,13 @@ pub fn error_codes_are_stable(open: Open) {
             },
             14,
         ),
+        (
+            Error::Exhausted {
+                what: "journal segment numbers".into(),
+                detail: "d".into(),
+            },
+            16,
+        ),
     ];
     for (e, code) in &all {
         assert_eq!(e.code(), *code, "{e:?}");

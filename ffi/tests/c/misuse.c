@@ -7,7 +7,7 @@
 static void messages(void) {
     ASSERT(strcmp(pc_error_name(PC_FENCED), "PC_FENCED") == 0);
     ASSERT(strcmp(pc_error_name(999), "PC_UNKNOWN") == 0);
-    EXPECT_CODE(pc_engine_close(NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_close(NULL, NULL), PC_INVALID_ARGUMENT);
     size_t full = 0;
     CHECK(pc_last_error_message(NULL, 0, &full));
     ASSERT(full > 0);
@@ -23,22 +23,22 @@ static void null_arguments(void) {
     pc_bytes value = {0};
     bool found;
     pc_store *store = NULL;
-    CHECK(pc_store_open_memory(NULL, &store));
-    EXPECT_CODE(pc_store_get(NULL, S("p"), S("k"), &value, &found), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_store_get(store, S("p"), S("k"), NULL, &found), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_store_get(store, S("p"), NULL, 3, &value, &found), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_store_get(store, NULL, 0, S("k"), &value, &found), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_store_open_memory(NULL, NULL), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_store_open_file(NULL, PC_SYNC_EVERY_COMMIT, 0, NULL, &store), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_batch_put(NULL, S("k"), S("v")), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_store_apply(store, S("p"), NULL, NULL), PC_INVALID_ARGUMENT);
+    CHECK(pc_store_open_memory(NULL, &store, NULL));
+    EXPECT_CODE(pc_store_get(NULL, S("p"), S("k"), &value, &found, NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_store_get(store, S("p"), S("k"), NULL, &found, NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_store_get(store, S("p"), NULL, 3, &value, &found, NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_store_get(store, NULL, 0, S("k"), &value, &found, NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_store_open_memory(NULL, NULL, NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_store_open_file(NULL, PC_SYNC_EVERY_COMMIT, 0, NULL, &store, NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_batch_put(NULL, S("k"), S("v"), NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_store_apply(store, S("p"), NULL, NULL, NULL), PC_INVALID_ARGUMENT);
     pc_scan_page *page = NULL;
-    CHECK(pc_store_scan(store, S("p"), NULL, 0, NULL, 0, NULL, 0, 10, &page));
+    CHECK(pc_store_scan(store, S("p"), NULL, 0, NULL, 0, NULL, 0, 10, &page, NULL));
     const uint8_t *k, *v;
     size_t kl, vl;
-    EXPECT_CODE(pc_scan_page_entry(page, 0, &k, &kl, &v, &vl), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_scan_page_entry(page, 0, &k, &kl, &v, &vl, NULL), PC_INVALID_ARGUMENT);
     ASSERT(pc_scan_page_len(NULL) == 0);
-    EXPECT_CODE(pc_store_scan(store, S("p"), NULL, 0, NULL, 0, NULL, 0, 0, &page), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_store_scan(store, S("p"), NULL, 0, NULL, 0, NULL, 0, 0, &page, NULL), PC_INVALID_ARGUMENT);
     pc_scan_page_free(page);
     /* Every free accepts NULL. */
     pc_bytes_free(NULL);
@@ -56,14 +56,14 @@ static void oversize(const pc_engine *e) {
     pc_store *store = NULL;
     pc_batch *batch = NULL;
     pc_outcome outcome;
-    CHECK(pc_store_open_memory(NULL, &store));
+    CHECK(pc_store_open_memory(NULL, &store, NULL));
     static uint8_t big_key[1025];
     memset(big_key, 'k', sizeof big_key);
-    CHECK(pc_batch_new(&batch));
-    CHECK(pc_batch_put(batch, big_key, sizeof big_key, S("v")));
-    EXPECT_CODE(pc_store_apply(store, S("p"), batch, &outcome), PC_TOO_LARGE);
+    CHECK(pc_batch_new(&batch, NULL));
+    CHECK(pc_batch_put(batch, big_key, sizeof big_key, S("v"), NULL));
+    EXPECT_CODE(pc_store_apply(store, S("p"), batch, &outcome, NULL), PC_TOO_LARGE);
     pc_batch_free(batch);
-    CHECK(pc_store_close(store));
+    CHECK(pc_store_close(store, NULL));
     pc_store_free(store);
 
     size_t len = 16u << 20; /* above the record limit (16 MiB less 16 bytes) */
@@ -71,19 +71,19 @@ static void oversize(const pc_engine *e) {
     ASSERT(huge != NULL);
     pc_slice record = {huge, len};
     uint64_t first, last;
-    EXPECT_CODE(pc_engine_append(e, "acct", S("x"), &record, 1, &first, &last), PC_TOO_LARGE);
+    EXPECT_CODE(pc_engine_append(e, "acct", S("x"), &record, 1, &first, &last, NULL), PC_TOO_LARGE);
     free(huge);
-    EXPECT_CODE(pc_engine_append(e, "acct", S("x"), NULL, 1, &first, &last), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_engine_append(e, "acct", S("x"), &record, 0, &first, &last), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_append(e, "acct", S("x"), NULL, 1, &first, &last, NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_append(e, "acct", S("x"), &record, 0, &first, &last, NULL), PC_INVALID_ARGUMENT);
     static uint8_t long_id[129];
     memset(long_id, 'i', sizeof long_id);
     bool created;
-    ASSERT(pc_engine_register(e, "acct", long_id, sizeof long_id, &created) != PC_OK);
-    EXPECT_CODE(pc_engine_register(e, "Not A Namespace", S("x"), &created), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_engine_register(e, "\xff\xfe", S("x"), &created), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_engine_register(e, NULL, S("x"), &created), PC_INVALID_ARGUMENT);
+    ASSERT(pc_engine_register(e, "acct", long_id, sizeof long_id, &created, NULL) != PC_OK);
+    EXPECT_CODE(pc_engine_register(e, "Not A Namespace", S("x"), &created, NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_register(e, "\xff\xfe", S("x"), &created, NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_register(e, NULL, S("x"), &created, NULL), PC_INVALID_ARGUMENT);
     pc_bytes state = {0};
-    EXPECT_CODE(pc_engine_read(e, "acct", S("never-registered"), &state), PC_UNKNOWN_ENTITY);
+    EXPECT_CODE(pc_engine_read(e, "acct", S("never-registered"), &state, NULL), PC_UNKNOWN_ENTITY);
 }
 
 static void bad_machines(const char *dir) {
@@ -93,24 +93,24 @@ static void bad_machines(const char *dir) {
     /* A machine without apply: refused, and destroy still runs once. */
     pc_machine m = counter_machine(&data);
     m.apply = NULL;
-    EXPECT_CODE(pc_engine_open(o, &m, &e), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_open(o, &m, &e, NULL), PC_INVALID_ARGUMENT);
     ASSERT(e == NULL && atomic_load(&data.destroyed) == 1);
     /* Null options: refused, destroy runs once more. */
     m = counter_machine(&data);
-    EXPECT_CODE(pc_engine_open(NULL, &m, &e), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_open(NULL, &m, &e, NULL), PC_INVALID_ARGUMENT);
     ASSERT(atomic_load(&data.destroyed) == 2);
     /* Neither a directory nor a store: the library refuses, destroy runs. */
     pc_engine_options *empty = NULL;
-    CHECK(pc_engine_options_new(&empty));
-    ASSERT(pc_engine_open(empty, &m, &e) != PC_OK && e == NULL);
+    CHECK(pc_engine_options_new(&empty, NULL));
+    ASSERT(pc_engine_open(empty, &m, &e, NULL) != PC_OK && e == NULL);
     ASSERT(atomic_load(&data.destroyed) == 3);
-    EXPECT_CODE(pc_engine_options_flag(empty, 77, true), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_engine_options_number(empty, 77, 1), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_engine_options_fence(empty, 1000, 0, 1, 1), PC_INVALID_ARGUMENT);
-    EXPECT_CODE(pc_engine_options_own(empty, "BAD", false), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_options_flag(empty, 77, true, NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_options_number(empty, 77, 1, NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_options_fence(empty, 1000, 0, 1, 1, NULL), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_options_own(empty, "BAD", false, NULL), PC_INVALID_ARGUMENT);
     pc_engine_options_free(empty);
     /* A null machine: nothing to destroy. */
-    EXPECT_CODE(pc_engine_open(o, NULL, &e), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_open(o, NULL, &e, NULL), PC_INVALID_ARGUMENT);
     ASSERT(atomic_load(&data.destroyed) == 3 && atomic_load(&data.live_states) == 0);
     pc_engine_options_free(o);
 }
@@ -126,7 +126,7 @@ static uint32_t decide_reenter(void *ctx, const void *state, pc_records *out) {
     (void)state;
     (void)out;
     pc_bytes bytes = {0};
-    r->answer = pc_engine_read(r->engine, "acct", S("a"), &bytes);
+    r->answer = pc_engine_read(r->engine, "acct", S("a"), &bytes, NULL);
     pc_bytes_free(&bytes);
     return 0;
 }
@@ -134,9 +134,9 @@ static uint32_t decide_reenter(void *ctx, const void *state, pc_records *out) {
 static pc_engine *open_engine(const char *dir, machine_data *data) {
     pc_machine m = counter_machine(data);
     pc_engine_options *o = small_options(dir, NULL);
-    CHECK(pc_engine_options_flag(o, PC_REGISTER_ON_FIRST_WRITE, true));
+    CHECK(pc_engine_options_flag(o, PC_REGISTER_ON_FIRST_WRITE, true, NULL));
     pc_engine *e = NULL;
-    CHECK(pc_engine_open(o, &m, &e));
+    CHECK(pc_engine_open(o, &m, &e, NULL));
     pc_engine_options_free(o);
     return e;
 }
@@ -152,7 +152,7 @@ static void refusals(const char *dir) {
     uint64_t v = 13;
     pc_slice record = {(const uint8_t *)&v, 8};
     uint64_t first, last;
-    EXPECT_CODE(pc_engine_append(e, "acct", S("a"), &record, 1, &first, &last), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_append(e, "acct", S("a"), &record, 1, &first, &last, NULL), PC_INVALID_ARGUMENT);
     ASSERT(strstr(last_error(), "code 7") != NULL);
     ASSERT(read_counter(e, "acct", "a").sum == 1);
     atomic_store(&data.refuse_valid_of, 0);
@@ -160,38 +160,38 @@ static void refusals(const char *dir) {
     /* Calling back into the entity being decided for is refused, not a deadlock. */
     struct reentry r = {e, PC_OK};
     pc_written w;
-    CHECK(pc_engine_write(e, "acct", S("a"), decide_reenter, &r, &w));
+    CHECK(pc_engine_write(e, "acct", S("a"), decide_reenter, &r, &w, NULL));
     ASSERT(r.answer == PC_WOULD_DEADLOCK && !w.wrote);
-    EXPECT_CODE(pc_engine_write(e, "acct", S("a"), NULL, NULL, &w), PC_INVALID_ARGUMENT);
+    EXPECT_CODE(pc_engine_write(e, "acct", S("a"), NULL, NULL, &w, NULL), PC_INVALID_ARGUMENT);
 
     /* 666 is accepted now; after a restart, apply refuses to replay it with code 42. */
     append_value(e, "acct", "a", 666);
     append_value(e, "acct", "b", 2);
-    CHECK(pc_engine_close(e));
-    CHECK(pc_engine_close(e)); /* closing twice is harmless */
+    CHECK(pc_engine_close(e, NULL));
+    CHECK(pc_engine_close(e, NULL)); /* closing twice is harmless */
     bool created;
-    EXPECT_CODE(pc_engine_register(e, "acct", S("a"), &created), PC_CLOSED);
+    EXPECT_CODE(pc_engine_register(e, "acct", S("a"), &created, NULL), PC_CLOSED);
     pc_bytes state = {0};
-    EXPECT_CODE(pc_engine_read(e, "acct", S("a"), &state), PC_CLOSED);
+    EXPECT_CODE(pc_engine_read(e, "acct", S("a"), &state, NULL), PC_CLOSED);
     pc_engine_free(e);
 
     atomic_store(&data.refuse_replay_of, 666);
     e = open_engine(dir, &data);
-    EXPECT_CODE(pc_engine_read(e, "acct", S("a"), &state), PC_CONTAINED);
+    EXPECT_CODE(pc_engine_read(e, "acct", S("a"), &state, NULL), PC_CONTAINED);
     ASSERT(strstr(last_error(), "code 42") != NULL);
     /* Every later touch gets the same refusal at once; other entities are unharmed. */
-    EXPECT_CODE(pc_engine_append(e, "acct", S("a"), &record, 1, &first, &last), PC_CONTAINED);
+    EXPECT_CODE(pc_engine_append(e, "acct", S("a"), &record, 1, &first, &last, NULL), PC_CONTAINED);
     ASSERT(read_counter(e, "acct", "b").sum == 2);
-    pc_engine_stats s;
-    CHECK(pc_engine_get_stats(e, &s));
+    pc_engine_stats s = {.struct_size = sizeof(pc_engine_stats)};
+    CHECK(pc_engine_get_stats(e, &s, NULL));
     ASSERT(s.contained == 1);
     /* Fixed: release, and the next touch restores it. */
     atomic_store(&data.refuse_replay_of, 0);
     bool released = false;
-    CHECK(pc_engine_release(e, "acct", S("a"), &released));
+    CHECK(pc_engine_release(e, "acct", S("a"), &released, NULL));
     ASSERT(released);
     ASSERT(read_counter(e, "acct", "a").sum == 667);
-    CHECK(pc_engine_release(e, "acct", S("a"), &released));
+    CHECK(pc_engine_release(e, "acct", S("a"), &released, NULL));
     ASSERT(!released);
     pc_engine_free(e); /* free without close: it closes first */
     ASSERT(atomic_load(&data.destroyed) == 2 && atomic_load(&data.live_states) == 0);

@@ -5,23 +5,23 @@
 static void put_accounts(const pc_store *store) {
     pc_batch *batch = NULL;
     pc_outcome outcome;
-    CHECK(pc_batch_new(&batch));
-    CHECK(pc_batch_absent(batch, S("balance")));
-    CHECK(pc_batch_put(batch, S("balance"), S("100")));
-    CHECK(pc_batch_put(batch, S("owner"), S("alice")));
-    CHECK(pc_store_apply(store, S("accounts/alice"), batch, &outcome));
+    CHECK(pc_batch_new(&batch, NULL));
+    CHECK(pc_batch_absent(batch, S("balance"), NULL));
+    CHECK(pc_batch_put(batch, S("balance"), S("100"), NULL));
+    CHECK(pc_batch_put(batch, S("owner"), S("alice"), NULL));
+    CHECK(pc_store_apply(store, S("accounts/alice"), batch, &outcome, NULL));
     ASSERT(outcome.kind == PC_OUTCOME_COMMITTED);
     /* The same batch again: "balance" is no longer absent, so nothing changes. */
-    CHECK(pc_store_apply(store, S("accounts/alice"), batch, &outcome));
+    CHECK(pc_store_apply(store, S("accounts/alice"), batch, &outcome, NULL));
     ASSERT(outcome.kind == PC_OUTCOME_PRECONDITION_FAILED && outcome.index == 0);
     pc_batch_free(batch);
 
     /* A compare-and-set on the exact value. */
-    CHECK(pc_batch_new(&batch));
-    CHECK(pc_batch_equals(batch, S("balance"), S("100")));
-    CHECK(pc_batch_put(batch, S("balance"), S("90")));
-    CHECK(pc_batch_present(batch, S("owner")));
-    CHECK(pc_store_apply(store, S("accounts/alice"), batch, &outcome));
+    CHECK(pc_batch_new(&batch, NULL));
+    CHECK(pc_batch_equals(batch, S("balance"), S("100"), NULL));
+    CHECK(pc_batch_put(batch, S("balance"), S("90"), NULL));
+    CHECK(pc_batch_present(batch, S("owner"), NULL));
+    CHECK(pc_store_apply(store, S("accounts/alice"), batch, &outcome, NULL));
     ASSERT(outcome.kind == PC_OUTCOME_COMMITTED);
     pc_batch_free(batch);
 }
@@ -29,7 +29,7 @@ static void put_accounts(const pc_store *store) {
 static void expect_value(const pc_store *store, const char *key, const char *want) {
     pc_bytes value = {0};
     bool found = false;
-    CHECK(pc_store_get(store, S("accounts/alice"), S(key), &value, &found));
+    CHECK(pc_store_get(store, S("accounts/alice"), S(key), &value, &found, NULL));
     if (want == NULL) {
         ASSERT(!found && value.data == NULL && value.len == 0);
     } else {
@@ -42,12 +42,12 @@ static void scan_in_pages(const pc_store *store) {
     pc_batch *batch = NULL;
     pc_outcome outcome;
     char key[16];
-    CHECK(pc_batch_new(&batch));
+    CHECK(pc_batch_new(&batch, NULL));
     for (int i = 0; i < 10; i++) {
         snprintf(key, sizeof key, "k%02d", i);
-        CHECK(pc_batch_put(batch, S(key), S("v")));
+        CHECK(pc_batch_put(batch, S(key), S("v"), NULL));
     }
-    CHECK(pc_store_apply(store, S("pages"), batch, &outcome));
+    CHECK(pc_store_apply(store, S("pages"), batch, &outcome, NULL));
     ASSERT(outcome.kind == PC_OUTCOME_COMMITTED);
     pc_batch_free(batch);
 
@@ -59,12 +59,12 @@ static void scan_in_pages(const pc_store *store) {
     for (;;) {
         pc_scan_page *page = NULL;
         CHECK(pc_store_scan(store, S("pages"), S("k02"), S("k09"), have_cursor ? cursor : NULL,
-                            cursor_len, 3, &page));
+                            cursor_len, 3, &page, NULL));
         pages++;
         for (size_t i = 0; i < pc_scan_page_len(page); i++) {
             const uint8_t *k, *v;
             size_t kl, vl;
-            CHECK(pc_scan_page_entry(page, i, &k, &kl, &v, &vl));
+            CHECK(pc_scan_page_entry(page, i, &k, &kl, &v, &vl, NULL));
             snprintf(key, sizeof key, "k%02d", seen + 2);
             ASSERT(kl == 3 && memcmp(k, key, 3) == 0 && vl == 1 && v[0] == 'v');
             seen++;
@@ -72,7 +72,7 @@ static void scan_in_pages(const pc_store *store) {
         const uint8_t *next;
         size_t next_len;
         bool more;
-        CHECK(pc_scan_page_next(page, &more, &next, &next_len));
+        CHECK(pc_scan_page_next(page, &more, &next, &next_len, NULL));
         if (more) {
             ASSERT(next_len <= sizeof cursor);
             memcpy(cursor, next, next_len);
@@ -87,13 +87,13 @@ static void scan_in_pages(const pc_store *store) {
     ASSERT(seen == 7 && pages >= 3);
 
     /* Delete a range; the whole partition (NULL bounds) then holds what is left. */
-    CHECK(pc_batch_new(&batch));
-    CHECK(pc_batch_delete_range(batch, S("k00"), S("k05")));
-    CHECK(pc_batch_delete(batch, S("k09")));
-    CHECK(pc_store_apply(store, S("pages"), batch, &outcome));
+    CHECK(pc_batch_new(&batch, NULL));
+    CHECK(pc_batch_delete_range(batch, S("k00"), S("k05"), NULL));
+    CHECK(pc_batch_delete(batch, S("k09"), NULL));
+    CHECK(pc_store_apply(store, S("pages"), batch, &outcome, NULL));
     pc_batch_free(batch);
     pc_scan_page *page = NULL;
-    CHECK(pc_store_scan(store, S("pages"), NULL, 0, NULL, 0, NULL, 0, 100, &page));
+    CHECK(pc_store_scan(store, S("pages"), NULL, 0, NULL, 0, NULL, 0, 100, &page, NULL));
     ASSERT(pc_scan_page_len(page) == 4); /* k05 .. k08 */
     pc_scan_page_free(page);
 }
@@ -103,19 +103,19 @@ static void memory_store_deadlines(void) {
     pc_store *store = NULL;
     pc_batch *batch = NULL;
     pc_outcome outcome;
-    CHECK(pc_clock_new_manual(1000, &clock));
-    CHECK(pc_store_open_memory(clock, &store));
-    CHECK(pc_batch_new(&batch));
-    CHECK(pc_batch_not_after(batch, 1500));
-    CHECK(pc_batch_put(batch, S("k"), S("v")));
-    CHECK(pc_store_apply(store, S("p"), batch, &outcome));
+    CHECK(pc_clock_new_manual(1000, &clock, NULL));
+    CHECK(pc_store_open_memory(clock, &store, NULL));
+    CHECK(pc_batch_new(&batch, NULL));
+    CHECK(pc_batch_not_after(batch, 1500, NULL));
+    CHECK(pc_batch_put(batch, S("k"), S("v"), NULL));
+    CHECK(pc_store_apply(store, S("p"), batch, &outcome, NULL));
     ASSERT(outcome.kind == PC_OUTCOME_COMMITTED);
-    CHECK(pc_clock_advance(clock, 1000));
-    CHECK(pc_store_apply(store, S("p"), batch, &outcome));
+    CHECK(pc_clock_advance(clock, 1000, NULL));
+    CHECK(pc_store_apply(store, S("p"), batch, &outcome, NULL));
     ASSERT(outcome.kind == PC_OUTCOME_DEADLINE_PASSED && outcome.now_ms == 2000);
     pc_batch_free(batch);
     pc_clock_free(clock);
-    CHECK(pc_store_close(store));
+    CHECK(pc_store_close(store, NULL));
     pc_store_free(store);
 }
 
@@ -123,30 +123,30 @@ int main(int argc, char **argv) {
     ASSERT(argc == 2);
     const char *dir = argv[1];
     pc_store *store = NULL;
-    CHECK(pc_store_open_file(dir, PC_SYNC_EVERY_COMMIT, 0, NULL, &store));
+    CHECK(pc_store_open_file(dir, PC_SYNC_EVERY_COMMIT, 0, NULL, &store, NULL));
     /* One owner per directory. */
     pc_store *second = NULL;
-    EXPECT_CODE(pc_store_open_file(dir, PC_SYNC_EVERY_COMMIT, 0, NULL, &second), PC_LOCKED);
+    EXPECT_CODE(pc_store_open_file(dir, PC_SYNC_EVERY_COMMIT, 0, NULL, &second, NULL), PC_LOCKED);
     ASSERT(second == NULL);
 
     put_accounts(store);
     expect_value(store, "balance", "90");
     expect_value(store, "missing", NULL);
     scan_in_pages(store);
-    CHECK(pc_store_close(store));
-    EXPECT_CODE(pc_store_close(store), PC_OK);
+    CHECK(pc_store_close(store, NULL));
+    EXPECT_CODE(pc_store_close(store, NULL), PC_OK);
     pc_bytes value = {0};
     bool found;
-    EXPECT_CODE(pc_store_get(store, S("accounts/alice"), S("balance"), &value, &found), PC_CLOSED);
+    EXPECT_CODE(pc_store_get(store, S("accounts/alice"), S("balance"), &value, &found, NULL), PC_CLOSED);
     pc_store_free(store);
 
     /* Reopen: every committed batch is there. (Not the periodic policy here: its sync thread
      * is not joined by close, so valgrind may find it still running at exit.) */
-    EXPECT_CODE(pc_store_open_file(dir, 99, 0, NULL, &store), PC_INVALID_ARGUMENT);
-    CHECK(pc_store_open_file(dir, PC_SYNC_NEVER_MAY_LOSE_RECENT, 0, NULL, &store));
+    EXPECT_CODE(pc_store_open_file(dir, 99, 0, NULL, &store, NULL), PC_INVALID_ARGUMENT);
+    CHECK(pc_store_open_file(dir, PC_SYNC_NEVER_MAY_LOSE_RECENT, 0, NULL, &store, NULL));
     expect_value(store, "balance", "90");
     expect_value(store, "owner", "alice");
-    CHECK(pc_store_close(store));
+    CHECK(pc_store_close(store, NULL));
     pc_store_free(store);
 
     memory_store_deadlines();

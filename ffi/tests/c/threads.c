@@ -43,7 +43,7 @@ static void *client(void *arg) {
             break;
         case 1: {
             pc_deferred d;
-            CHECK(pc_engine_defer(engine, "load", S(id), NULL, 0, (const uint8_t *)&v, 8, &d));
+            CHECK(pc_engine_defer(engine, "load", S(id), NULL, 0, (const uint8_t *)&v, 8, &d, NULL));
             ASSERT(d.kind == PC_DEFERRED_QUEUED || d.kind == PC_DEFERRED_APPLIED);
             atomic_fetch_add(&expected[i], 1);
             break;
@@ -62,11 +62,11 @@ static pc_engine *open_engine(const char *dir, machine_data *data) {
     pc_machine m = counter_machine(data);
     m.apply = apply_counting_threads;
     pc_engine_options *o = small_options(dir, NULL);
-    CHECK(pc_engine_options_sync_policy(o, PC_SYNC_NEVER_MAY_LOSE_RECENT, 0));
-    CHECK(pc_engine_options_flag(o, PC_REGISTER_ON_FIRST_WRITE, true));
-    CHECK(pc_engine_options_number(o, PC_WARM_PARALLELISM, 2));
+    CHECK(pc_engine_options_sync_policy(o, PC_SYNC_NEVER_MAY_LOSE_RECENT, 0, NULL));
+    CHECK(pc_engine_options_flag(o, PC_REGISTER_ON_FIRST_WRITE, true, NULL));
+    CHECK(pc_engine_options_number(o, PC_WARM_PARALLELISM, 2, NULL));
     pc_engine *e = NULL;
-    CHECK(pc_engine_open(o, &m, &e));
+    CHECK(pc_engine_open(o, &m, &e, NULL));
     pc_engine_options_free(o);
     return e;
 }
@@ -84,13 +84,13 @@ int main(int argc, char **argv) {
             append_value(engine, "load", id, 1);
         }
     }
-    CHECK(pc_engine_close(engine));
+    CHECK(pc_engine_close(engine, NULL));
     pc_engine_free(engine);
 
     /* Restart: everything pending; a warm and the clients race for the entities. */
     engine = open_engine(argv[1], &data);
     pc_warm *warm = NULL;
-    CHECK(pc_engine_warm(engine, &warm));
+    CHECK(pc_engine_warm(engine, &warm, NULL));
     pthread_t threads[THREADS];
     ASSERT(pthread_barrier_init(&start, NULL, THREADS) == 0);
     for (int t = 0; t < THREADS; t++) {
@@ -101,10 +101,10 @@ int main(int argc, char **argv) {
     }
     pthread_barrier_destroy(&start);
     bool finished = false;
-    CHECK(pc_warm_wait(warm, 120000, &finished));
+    CHECK(pc_warm_wait(warm, 120000, &finished, NULL));
     ASSERT(finished);
-    pc_warm_progress p;
-    CHECK(pc_warm_get_progress(warm, &p));
+    pc_warm_progress p = {.struct_size = sizeof(pc_warm_progress)};
+    CHECK(pc_warm_get_progress(warm, &p, NULL));
     ASSERT(p.refused == 0 && p.done == p.total);
     pc_warm_free(warm);
 
@@ -119,12 +119,12 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    pc_engine_stats s;
-    CHECK(pc_engine_get_stats(engine, &s));
+    pc_engine_stats s = {.struct_size = sizeof(pc_engine_stats)};
+    CHECK(pc_engine_get_stats(engine, &s, NULL));
     ASSERT(s.restored == SHARED + WARM_ONLY && s.units_run == SHARED + WARM_ONLY);
     ASSERT(atomic_load(&data.violations) == 0);
     ASSERT(atomic_load(&pool_applies) >= WARM_ONLY * FIRST_RECORDS);
-    CHECK(pc_engine_close(engine));
+    CHECK(pc_engine_close(engine, NULL));
     pc_engine_free(engine);
     ASSERT(atomic_load(&data.destroyed) == 2 && atomic_load(&data.live_states) == 0);
     printf("threads: ok\n");

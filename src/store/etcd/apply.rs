@@ -4,7 +4,7 @@
 //!
 //! Owns: the attempts of one batch and what each answer means for it (docs/etcd.md, "Faults").
 
-use std::sync::atomic::Ordering;
+use crate::sync::atomic::Ordering;
 
 use super::client::{self, Failure};
 use super::group::{Fate, Part};
@@ -31,7 +31,7 @@ impl EtcdStore {
         let mut last = String::new();
         for attempt in 0..self.attempts {
             if attempt > 0 {
-                backoff(attempt);
+                backoff(&*self.clock, attempt);
                 #[cfg(feature = "etcd-test-hooks")]
                 if self.no_marker {
                     // The negative control: each attempt under a fresh number, so a resend

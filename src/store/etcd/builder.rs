@@ -1,11 +1,11 @@
 //! Configuration and opening of an [`EtcdStore`].
 
-use std::collections::HashSet;
+use crate::sync::HashSet;
+use crate::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 use serde_json::json;
 
 use super::client::{Client, PutResponse};
@@ -190,7 +190,7 @@ impl EtcdStoreBuilder {
             seq: AtomicU64::new(1),
             slots: Mutex::new(Vec::new()),
             next_slot: AtomicU64::new(0),
-            known: RwLock::new(HashSet::new()),
+            known: RwLock::new(HashSet::default()),
             group: (self.in_flight > 0).then(|| {
                 #[cfg_attr(not(feature = "etcd-test-hooks"), allow(unused_mut))]
                 let mut group =

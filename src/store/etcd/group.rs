@@ -35,7 +35,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use serde::Deserialize;
 
 use super::client::{Client, Failure, TXN};

@@ -5,7 +5,7 @@
 #[allow(dead_code)]
 mod etcd_support;
 
-use std::sync::atomic::Ordering;
+use crate::sync::atomic::Ordering;
 
 use serde_json::json;
 

@@ -21,11 +21,11 @@ mod txn;
 
 pub use builder::EtcdStoreBuilder;
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::HashSet;
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 use serde_json::json;
 
 use self::client::{Client, Failure, RangeResponse, TxnResponse};
@@ -148,7 +148,7 @@ impl EtcdStore {
         let mut last = None;
         for attempt in 0..self.attempts {
             if attempt > 0 {
-                backoff(attempt);
+                backoff(&*self.clock, attempt);
             }
             match self.client.post(path, body) {
                 Ok(answer) => return Ok(answer),
@@ -297,11 +297,11 @@ impl EtcdStore {
     }
 }
 
-fn backoff(attempt: u32) {
+fn backoff(clock: &dyn crate::clock::Clock, attempt: u32) {
     // 20 ms, 80 ms, 320 ms, then 1 s: enough for a leader election, short for a dropped
     // connection.
     let ms = (20u64 << (2 * attempt.min(4) - 2)).min(1000);
-    std::thread::sleep(Duration::from_millis(ms));
+    crate::clock::sleep(clock, Duration::from_millis(ms));
 }
 
 impl Store for EtcdStore {
@@ -467,5 +467,12 @@ impl Store for EtcdStore {
             }
         }
         Ok(())
+    }
+
+    fn backup(&self, dest: &std::path::Path) -> Result<super::BackupReport> {
+        Err(Error::invalid(format!(
+            "an etcd store is not copied to a directory ({}): back it up with etcd's own snapshot (etcdctl snapshot save), and read docs/etcd.md, \"Backup\", before restoring one: a restore rolls epochs and leases back, and every namespace must declare recovery (mark_lease_table_recovered) before it serves writes",
+            dest.display()
+        )))
     }
 }

@@ -13,6 +13,7 @@ use super::{FileStore, SyncPolicy, Vfs};
 use super::{Partition, SkipSync};
 use crate::clock::SharedClock;
 use crate::error::Result;
+use crate::spawn::Spawner;
 
 /// Configures and opens a [`FileStore`]. Every setter documents its default.
 ///
@@ -31,6 +32,7 @@ pub struct FileStoreBuilder {
     pub(super) dir: PathBuf,
     pub(super) vfs: Arc<dyn Vfs>,
     pub(super) clock: SharedClock,
+    pub(super) spawner: Spawner,
     pub(super) sync_policy: SyncPolicy,
     pub(super) segment_bytes: u64,
     pub(super) snapshot_every_bytes: u64,
@@ -38,8 +40,15 @@ pub struct FileStoreBuilder {
     pub(super) auto_compact: bool,
     pub(super) max_open_segments: usize,
     pub(super) max_loaded_partitions: Option<usize>,
+    /// Where the store's events go (SPEC E8; see `watch.rs`).
+    pub(super) events: crate::observe::Events,
+    /// Whether the store delivers its events on its callers' threads (opened on its own), or
+    /// leaves that to the engine that opened it.
+    pub(super) events_inline: bool,
+    /// A sync or gather slower than this is a commit stall.
+    pub(super) stall_threshold: std::time::Duration,
     #[cfg(feature = "fault-injection")]
-    pub(super) skip_syncs: std::collections::HashSet<SkipSync>,
+    pub(super) skip_syncs: crate::sync::HashSet<SkipSync>,
     #[cfg(feature = "fault-injection")]
     pub(super) append_observer: Option<AppendObserver>,
     #[cfg(feature = "fault-injection")]
@@ -48,6 +57,46 @@ pub struct FileStoreBuilder {
     pub(super) skip_value_checks: bool,
     #[cfg(feature = "fault-injection")]
     pub(super) skip_scatter_trigger: bool,
+    #[cfg(feature = "fault-injection")]
+    pub(super) skip_reclaim_trigger: bool,
+    #[cfg(feature = "fault-injection")]
+    pub(super) version_2_records: bool,
+    #[cfg(feature = "fault-injection")]
+    pub(super) compaction_observer: Option<CompactionObserver>,
+    /// Called by a compaction that finds another holding compaction's lock (tests only).
+    #[cfg(feature = "fault-injection")]
+    pub(super) compaction_wait_observer: Option<Hook>,
+    /// Called by a backup once it has chosen its point (tests only).
+    #[cfg(feature = "fault-injection")]
+    pub(super) backup_point_observer: Option<Hook>,
+}
+
+/// A test-only call at a point of interest (see [`FileStoreBuilder::observe_backup_point`]).
+#[cfg(feature = "fault-injection")]
+#[derive(Clone)]
+pub(super) struct Hook(pub(super) Arc<dyn Fn() + Send + Sync>);
+
+#[cfg(feature = "fault-injection")]
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hook")
+    }
+}
+
+/// Called with the segments a compaction took as victims once it has read them (tests only;
+/// see [`FileStoreBuilder::observe_compaction_victims`]).
+#[cfg(feature = "fault-injection")]
+#[derive(Clone)]
+pub(super) struct CompactionObserver(pub(super) Arc<ObserveVictimsFn>);
+
+#[cfg(feature = "fault-injection")]
+pub(super) type ObserveVictimsFn = dyn Fn(&[u32]) + Send + Sync;
+
+#[cfg(feature = "fault-injection")]
+impl std::fmt::Debug for CompactionObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CompactionObserver")
+    }
 }
 
 /// Called with each batch's partition and journal sequence number once it is appended (tests
@@ -104,6 +153,30 @@ impl FileStoreBuilder {
     /// ```
     pub fn clock(mut self, clock: SharedClock) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Where background work starts (SPEC E9): heads snapshots and compaction as pool tasks,
+    /// the periodic syncer as a thread (default: rayon's global pool and std threads).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::Spawner;
+    /// use portcullis::store::FileStore;
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a pool");
+    /// let store = FileStore::builder(dir.path())
+    ///     .spawner(Spawner::pool(std::sync::Arc::new(pool)))
+    ///     .open()?;
+    /// assert!(store.open_report().created);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn spawner(mut self, spawner: Spawner) -> Self {
+        self.spawner = spawner;
         self
     }
 
@@ -193,9 +266,9 @@ impl FileStoreBuilder {
         self
     }
 
-    /// Whether compaction starts by itself on the rayon pool when garbage outweighs live data,
-    /// or when sealed journal segments are scattered (histories appended in turns with other
-    /// partitions', which it then lays out together) (default true).
+    /// Whether compaction starts by itself on the rayon pool, after a commit or at open, when
+    /// sealed journal segments are a third dead, or scattered (histories appended in turns with
+    /// other partitions', which it then lays out together) (default true).
     ///
     /// # Examples
     ///
@@ -239,13 +312,17 @@ impl FileStoreBuilder {
         self
     }
 
-    /// Keeps at most about `partitions` partition indexes loaded (SPEC S8): when more are
-    /// loaded, the least recently touched idle ones (no reader, writer or compaction using
-    /// them, no batch waiting to become durable) are dropped down to three quarters of the
-    /// budget, keeping only their name and newest record's location, as open does; their next
-    /// touch loads them again. Partitions in use are never dropped, so the count can exceed the
-    /// budget while more are in use at once. Default: none (an index stays loaded until
-    /// close). At least 1.
+    /// Keeps at most `partitions` partition indexes loaded when a call returns (SPEC S8): when
+    /// a call, committed or not, leaves more loaded, the least recently touched idle ones (no
+    /// reader, writer or compaction using them, no batch waiting to become durable) are
+    /// dropped down to three quarters of the budget, keeping nothing of a partition with no
+    /// record and only the name and newest record's location of one whose location is not in
+    /// the newest heads snapshot; their next touch loads them again. Partitions in use are
+    /// never dropped, so the count can exceed the budget while more are in use at once. Under
+    /// a budget a heads snapshot also falls due once `max(partitions, 65,536)` such locations
+    /// are held, and folds them back into its pages, so memory does not grow with the number
+    /// of partitions written since open. Default: none (an index stays loaded until close).
+    /// At least 1.
     ///
     /// # Examples
     ///
@@ -316,11 +393,64 @@ impl FileStoreBuilder {
     }
 
     /// Test only (feature `fault-injection`): compaction never starts because the journal is
-    /// scattered, only because of garbage, so a test can show that histories appended in
+    /// scattered, only because segments are dead, so a test can show that histories appended in
     /// turns stay scattered without it (a negative control). Never use this outside a test.
     #[cfg(feature = "fault-injection")]
     pub fn skip_scatter_trigger(mut self) -> Self {
         self.skip_scatter_trigger = true;
+        self
+    }
+
+    /// Test only (feature `fault-injection`): no segment is ever due because of its dead bytes
+    /// (compaction starts only because of scatter), from the moment the store opens, before any
+    /// background compaction open may start (a negative control). Never use this outside a test.
+    #[cfg(feature = "fault-injection")]
+    pub fn skip_reclaim_trigger(mut self) -> Self {
+        self.skip_reclaim_trigger = true;
+        self
+    }
+
+    /// Test only (feature `fault-injection`): bases and compaction's copies are written as
+    /// format version 2 wrote them (whole keys), from the moment the store opens, so a
+    /// compaction open starts writes them that way too (a negative control). Never use this
+    /// outside a test.
+    #[cfg(feature = "fault-injection")]
+    pub fn write_version_2_records(mut self) -> Self {
+        self.version_2_records = true;
+        self
+    }
+
+    /// Test only (feature `fault-injection`): calls `observe` with the numbers of the segments
+    /// a compaction took as victims, once it has read them to find their partitions and before
+    /// it rewrites any (an empty list when it took none), so a test can hold other threads
+    /// until compaction has chosen. Called on the compacting thread, under compaction's own
+    /// lock only.
+    #[cfg(feature = "fault-injection")]
+    pub fn observe_compaction_victims(
+        mut self,
+        observe: impl Fn(&[u32]) + Send + Sync + 'static,
+    ) -> Self {
+        self.compaction_observer = Some(CompactionObserver(Arc::new(observe)));
+        self
+    }
+
+    /// Test only (feature `fault-injection`): calls `observe` when a compaction finds
+    /// compaction's lock held (by another compaction, a backup or close), before it waits for
+    /// it, so a test knows the compaction is held back. Called on the compacting thread,
+    /// under no lock of the store.
+    #[cfg(feature = "fault-injection")]
+    pub fn observe_compaction_waits(mut self, observe: impl Fn() + Send + Sync + 'static) -> Self {
+        self.compaction_wait_observer = Some(Hook(Arc::new(observe)));
+        self
+    }
+
+    /// Test only (feature `fault-injection`): calls `observe` when a backup
+    /// ([`FileStore::backup`]) has chosen its point, synced the journal through it and copied
+    /// the manifest and heads snapshot, before it links or copies any journal segment. Called
+    /// on the backing-up thread, under compaction's lock (see `SkipSync::BackupCompactionLock`).
+    #[cfg(feature = "fault-injection")]
+    pub fn observe_backup_point(mut self, observe: impl Fn() + Send + Sync + 'static) -> Self {
+        self.backup_point_observer = Some(Hook(Arc::new(observe)));
         self
     }
 

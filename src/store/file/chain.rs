@@ -16,16 +16,16 @@
 //! bodies of the batch records it reads go to the store's cache of recent records, up to its
 //! bound, so the reads that follow take their values from there (see [`super::values`]).
 
+use crate::sync::atomic::Ordering;
 use std::cell::RefCell;
-use std::sync::atomic::Ordering;
 
 use super::format::Frame;
 use super::format::{
-    self, FRAME_LEN, Item, Loc, RecordKind, decode_base_part_head, decode_body_head, loc_offset,
-    loc_segment,
+    self, FRAME_LEN, Item, JournalOp, Loc, RecordKind, decode_base_part_head, decode_body_head,
+    loc_offset, loc_segment,
 };
 use super::journal::{Journal, RecordStart, Window};
-use super::partition::{self, CommitState, Index, PartState};
+use super::partition::{self, Chain, CommitState, Index, PartState};
 use super::values::{RECENT_BODY_MAX, RECENT_BYTES, RecentRecords};
 use crate::error::{Error, Result};
 
@@ -39,21 +39,33 @@ pub const BASE_PART_BYTES: usize = 8 << 20;
 const CHAIN_ROOM: usize = 64;
 
 /// Writes the partition's base: one record, or a run of parts of at most [`BASE_PART_BYTES`]
-/// each. The caller holds the partition's `commit` lock, so nothing of the partition is appended
-/// between the parts. On error nothing is promised: a partial run is passed over by loads.
+/// each; packed (format version 3) unless `packed` is false (the tests that write version 2
+/// records, to check they are still read). The caller holds the partition's `commit` lock, so
+/// nothing of the partition is appended between the parts. On error nothing is promised: a
+/// partial run is passed over by loads.
 pub fn write_base(
     journal: &Journal,
     state: &PartState,
     commit: &mut CommitState,
     index: &Index,
-) -> Result<()> {
+    packed: bool,
+) -> Result<Vec<(u32, u64)>> {
     let name = state.name.as_bytes();
-    let head_len = format::base_head_len(name);
-    // Entries per record, planned first so every part can say how many there are.
+    let head_len = if packed {
+        format::packed_head_len(name)
+    } else {
+        format::base_head_len(name)
+    };
+    // Entries per record, planned first so every part can say how many there are (a packed
+    // entry by the most it can take).
     let mut plan: Vec<usize> = Vec::new();
     let (mut bytes, mut count) = (head_len, 0usize);
     for key in index.keys() {
-        let len = format::base_entry_len(key);
+        let len = if packed {
+            format::packed_entry_max(key)
+        } else {
+            format::base_entry_len(key)
+        };
         if count > 0 && bytes + len > BASE_PART_BYTES {
             plan.push(count);
             (bytes, count) = (head_len + 8, 0);
@@ -62,30 +74,68 @@ pub fn write_base(
         count += 1;
     }
     plan.push(count);
+    if plan.len() > 1 {
+        log::debug!(
+            "partition {}: base of {} keys written as {} records",
+            state.name,
+            index.len(),
+            plan.len()
+        );
+    }
+    // The records written, so the chain knows them even if a later part fails.
+    let mut written: Vec<(Loc, u64)> = Vec::with_capacity(plan.len());
+    let appended = append_base(journal, state, &plan, index, packed, &mut written);
+    if let Err(e) = appended {
+        // A run cut short is in the chain now (loads pass over it).
+        for &(at, bytes) in &written {
+            commit.chain.push(at, bytes);
+        }
+        return Err(e);
+    }
+    Ok(commit.chain.restart(&written))
+}
+
+/// Appends the base's records as `plan` says, each one's location and length into `written`.
+fn append_base(
+    journal: &Journal,
+    state: &PartState,
+    plan: &[usize],
+    index: &Index,
+    packed: bool,
+    written: &mut Vec<(Loc, u64)>,
+) -> Result<()> {
+    let name = state.name.as_bytes();
     let mut entries = index.iter();
     let place_head = |lsn, at| state.place_head(lsn, at);
     if plan.len() == 1 {
-        let body = format::encode_base_body(name, partition::head_of(state), entries);
-        journal.append(RecordKind::Base, state.hash, &body, place_head)?;
+        let prev = partition::head_of(state);
+        let (kind, body) = if packed {
+            let body = format::encode_packed_base_body(name, prev, None, entries);
+            (RecordKind::PackedBase, body)
+        } else {
+            (
+                RecordKind::Base,
+                format::encode_base_body(name, prev, entries),
+            )
+        };
+        let (_, at) = journal.append(kind, state.hash, &body, place_head)?;
+        written.push((at, (FRAME_LEN + body.len()) as u64));
     } else {
         let parts = plan.len() as u32;
         for (part, &n) in plan.iter().enumerate() {
-            let body = format::encode_base_part_body(
-                name,
-                partition::head_of(state),
-                part as u32,
-                parts,
-                entries.by_ref().take(n),
-            );
-            journal.append(RecordKind::BasePart, state.hash, &body, place_head)?;
+            let (prev, slice) = (partition::head_of(state), entries.by_ref().take(n));
+            let (kind, body) = if packed {
+                let place = Some((part as u32, parts));
+                let body = format::encode_packed_base_body(name, prev, place, slice);
+                (RecordKind::PackedBasePart, body)
+            } else {
+                let body = format::encode_base_part_body(name, prev, part as u32, parts, slice);
+                (RecordKind::BasePart, body)
+            };
+            let (_, at) = journal.append(kind, state.hash, &body, place_head)?;
+            written.push((at, (FRAME_LEN + body.len()) as u64));
         }
-        log::debug!(
-            "partition {}: base of {} keys written as {parts} records",
-            state.name,
-            index.len()
-        );
     }
-    commit.chain_len = 1;
     Ok(())
 }
 
@@ -127,13 +177,14 @@ thread_local! {
 /// (or the chain's start), then applying forward. Reads only this partition's recent records:
 /// the walk is bounded by the base interval, not by history (SPEC S5, S8).
 ///
-/// Returns the index and the chain length since the base (a base run counts once).
+/// Returns the index and the chain since the base: its length (a base run counts once) and
+/// the bytes of every record the walk read, besides their values.
 pub fn load_index(
     journal: &Journal,
     recent: &RecentRecords,
     state: &PartState,
     head: Loc,
-) -> Result<(Index, u32)> {
+) -> Result<(Index, Chain)> {
     // Taken out of their slot while the load runs (a load inside it would get fresh ones),
     // and put back whatever the load's outcome.
     let mut buffers = WALK_BUFFERS.try_with(|b| b.take()).unwrap_or_default();
@@ -151,7 +202,7 @@ fn walk_and_apply(
     state: &PartState,
     head: Loc,
     buffers: &mut WalkBuffers,
-) -> Result<(Index, u32)> {
+) -> Result<(Index, Chain)> {
     let WalkBuffers {
         scratch,
         links,
@@ -169,6 +220,7 @@ fn walk_and_apply(
         ))
     };
     let mut chain_len = 0u32;
+    let mut chain = Chain::default();
     // While inside a complete base run: the part expected next (walking back) and the run size.
     let mut run: Option<(u32, u32)> = None;
     let mut at = head;
@@ -224,7 +276,7 @@ fn walk_and_apply(
             return Err(corrupt(at, "a record in its chain names another partition"));
         }
         // Chains only point backwards; anything else is damage, and would loop.
-        if frame.kind != RecordKind::Base && prev >= at {
+        if !frame.kind.is_base() && prev >= at {
             return Err(corrupt(at, "a chain link points forwards"));
         }
         let mut link = |bytes: Vec<u8>, warm: bool| -> Link {
@@ -249,12 +301,23 @@ fn walk_and_apply(
                 chain_len += 1;
                 at = prev;
             }
-            (RecordKind::Base, None) => {
+            (RecordKind::Base | RecordKind::PackedBase, None) => {
                 links.push(link(bytes, false));
                 chain_len += 1;
                 break;
             }
-            (RecordKind::BasePart, _) => {
+            (RecordKind::Values, None) => {
+                // Compaction's copies whose base never followed (a crash or a failed write
+                // came between): they restate values the records before them hold, so they
+                // carry nothing. Verified, since the walk follows its link.
+                if !whole {
+                    verify_passed_over(journal, state, at)?;
+                }
+                chain.note(at, len as u64);
+                chain_len += 1;
+                at = prev;
+            }
+            (RecordKind::BasePart | RecordKind::PackedBasePart, _) => {
                 let Some((part, parts)) = decode_base_part_head(&bytes) else {
                     return Err(corrupt(at, "a base part in its chain is malformed"));
                 };
@@ -266,13 +329,9 @@ fn walk_and_apply(
                         // A run cut short (by a crash or a failed write): its parts carry
                         // nothing. Verified, since the walk follows its link.
                         if !whole {
-                            journal.read_record(at).map_err(|e| match e {
-                                Error::Corrupt { detail, what } => {
-                                    state.corrupt_error(&format!("{what}: {detail}"))
-                                }
-                                other => other,
-                            })?;
+                            verify_passed_over(journal, state, at)?;
                         }
+                        chain.note(at, len as u64);
                         chain_len += 1;
                         at = prev;
                         continue;
@@ -297,7 +356,8 @@ fn walk_and_apply(
     for link in links.drain(..).rev() {
         match link {
             Link::Whole(at, kind, body, keep) => {
-                apply(&mut index, state, kind, &body, at)?;
+                let values = apply(&mut index, state, kind, &body, at)?;
+                chain.note(at, (FRAME_LEN + body.len()) as u64 - values);
                 if keep {
                     warm.push((at + FRAME_LEN as u64, body.into_boxed_slice()));
                 }
@@ -313,7 +373,8 @@ fn walk_and_apply(
                     }
                     other => other,
                 })?;
-                apply(&mut index, state, frame.kind, &body, at)?;
+                let values = apply(&mut index, state, frame.kind, &body, at)?;
+                chain.note(at, (FRAME_LEN + body.len()) as u64 - values);
                 // Its values are read next: keep the verified body too, so they are not read
                 // from the file a second time (moved, not copied).
                 if frame.kind == RecordKind::Batch
@@ -332,20 +393,31 @@ fn walk_and_apply(
     recent.insert_many(warm);
     // Held until the partition is unloaded: no room left over from growing it.
     index.shrink_to_fit();
-    Ok((index, chain_len))
+    chain.len = chain_len;
+    Ok((index, chain))
+}
+
+/// Reads a record the walk passes over whole, to verify the link it follows.
+fn verify_passed_over(journal: &Journal, state: &PartState, at: Loc) -> Result<()> {
+    journal.read_record(at).map(|_| ()).map_err(|e| match e {
+        Error::Corrupt { detail, what } => state.corrupt_error(&format!("{what}: {detail}")),
+        other => other,
+    })
 }
 
 /// Applies a verified record of the partition to the index being built, as it is decoded (no
 /// list of its operations or entries is made, and keys go from the body straight into the
 /// index's arena); values stay on disk. The record's body starts after `at`. On an error the
-/// index holds part of the record: the load fails and drops it.
+/// index holds part of the record: the load fails and drops it. Returns the bytes of the
+/// values the record puts.
 fn apply(
     index: &mut Index,
     state: &PartState,
     kind: RecordKind,
     body: &[u8],
     at: Loc,
-) -> Result<()> {
+) -> Result<u64> {
+    let mut values = 0u64;
     let head = format::visit_body(kind, body, |item| match item {
         // A base's entries come in key order: into an empty index (the usual case) each one
         // is appended to the index's arena, so room for all of them is made at once.
@@ -354,20 +426,24 @@ fn apply(
             index.insert(key, loc);
         }
         Item::Op(op) => {
-            partition::apply_to_index(index, [partition::journal_op_to_index(at, body, op)]);
+            if let JournalOp::Put(_, _, len) = op {
+                values += len as u64;
+            }
+            let op = partition::journal_op_to_index(at, body, op);
+            partition::apply_to_index(index, [op], |_, _| {});
         }
     })
     .map_err(|_| state.corrupt_error("a record in its chain is malformed"))?;
     if head.partition != state.name.as_bytes() {
         return Err(state.corrupt_error("a record in its chain names another partition"));
     }
-    Ok(())
+    Ok(values)
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::sync::atomic::Ordering;
     use std::path::Path;
-    use std::sync::atomic::Ordering;
 
     use crate::store::{Batch, FileStore, Partition, Store};
 

@@ -5,11 +5,11 @@
 //! May call: the chain, journal, partition, scatter and compaction modules, and
 //! [`Inner::write_snapshot`]. The append itself is in `FileStore`'s `apply` (`ops.rs`).
 
+use crate::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use super::partition::{self, CommitState, IndexOp, PartState, PendingOp};
-use super::{Inner, chain, compaction};
+use super::{Inner, chain, compaction, format};
 use crate::error::Result;
 
 impl Inner {
@@ -19,15 +19,20 @@ impl Inner {
         if commit.pending.front().is_none_or(|p| p.lsn > visible) {
             return;
         }
+        let mut freed: Vec<(u32, u64)> = Vec::new();
         let mut view = state.view.write();
         while commit.pending.front().is_some_and(|p| p.lsn <= visible) {
             let pending = commit.pending.pop_front().expect("checked above");
             state.folded_lsn.store(pending.lsn, Ordering::Release);
-            let freed = partition::apply_to_index(
+            partition::apply_to_index(
                 &mut view.index,
                 pending.ops.into_iter().map(IndexOp::from),
+                |at, bytes| freed.push((format::loc_segment(at), bytes)),
             );
-            self.garbage_bytes.fetch_add(freed, Ordering::Relaxed);
+        }
+        drop(view);
+        if !freed.is_empty() {
+            self.space.add_all(freed);
         }
     }
 
@@ -45,7 +50,7 @@ impl Inner {
             .config
             .base_every_records
             .max((view.index.len() / 8) as u32);
-        if commit.chain_len < due {
+        if commit.chain.len < due {
             return Ok(());
         }
         if commit.pending.is_empty() {
@@ -59,18 +64,35 @@ impl Inner {
                 PendingOp::Delete(k) => IndexOp::Delete(k.clone().into_boxed_slice()),
                 PendingOp::DeleteRange(r) => IndexOp::DeleteRange(r.clone()),
             });
-            partition::apply_to_index(&mut index, ops);
+            partition::apply_to_index(&mut index, ops, |_, _| {});
         }
         self.write_base(state, commit, &index)
     }
 
+    /// Writes the partition's base (see [`chain::write_base`]); what it supersedes of the
+    /// chain is dead from now on.
     pub(super) fn write_base(
         &self,
         state: &PartState,
         commit: &mut CommitState,
         index: &partition::Index,
     ) -> Result<()> {
-        chain::write_base(&self.journal, state, commit, index)
+        let superseded =
+            chain::write_base(&self.journal, state, commit, index, self.space.packed())?;
+        self.space.add_all(superseded);
+        Ok(())
+    }
+
+    /// Per segment: its scattered bytes and its dead bytes (what a heads snapshot keeps).
+    pub(super) fn segment_counts(&self) -> Vec<(u32, u64, u64)> {
+        let mut counts: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
+        for (n, apart) in self.scatter.counts() {
+            counts.entry(n).or_default().0 = apart;
+        }
+        for (n, dead) in self.space.counts() {
+            counts.entry(n).or_default().1 = dead;
+        }
+        counts.into_iter().map(|(n, (a, d))| (n, a, d)).collect()
     }
 
     /// Starts what is due in the background after a commit whose record went to `segment`
@@ -78,20 +100,42 @@ impl Inner {
     pub(super) fn after_commit(self: &Arc<Self>, segment: u32) {
         let appended = self.journal.counters.bytes_appended.load(Ordering::Relaxed);
         let since = appended.saturating_sub(self.bytes_at_last_snapshot.load(Ordering::Relaxed));
-        if since >= self.config.snapshot_every_bytes
-            && !self.snapshot_running.swap(true, Ordering::AcqRel)
-        {
+        // Due by bytes, or (under a budget) because the overlay of heads reached its bound.
+        let due =
+            since >= self.config.snapshot_every_bytes || self.folds.due.load(Ordering::Relaxed);
+        if due && !self.snapshot_running.swap(true, Ordering::AcqRel) {
             let inner = self.clone();
-            rayon::spawn(move || {
-                if let Err(e) = inner.write_snapshot() {
-                    log::warn!("background heads snapshot failed: {e}");
+            self.config.spawner.spawn(move || {
+                // A panic must not unwind out of a pool task (it would abort the host): it is
+                // logged, and the next commit that finds a snapshot due starts another.
+                let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    inner.write_snapshot()
+                }));
+                match written {
+                    Ok(Ok(())) => {}
+                    // A closed store writes nothing more: not a failure.
+                    Ok(Err(crate::error::Error::Closed)) => {}
+                    Ok(Err(e)) => {
+                        log::warn!("background heads snapshot failed: {e}");
+                        inner.snapshot_failed(e.to_string());
+                    }
+                    Err(_) => {
+                        log::error!(
+                            "background heads snapshot panicked; the next one is started by a later commit"
+                        );
+                        inner.snapshot_failed("it panicked".to_owned());
+                    }
                 }
+                // Told before a test waiting for this snapshot is let go.
+                inner.deliver_in_background();
                 inner.snapshot_running.store(false, Ordering::Release);
+                #[cfg(feature = "test-hooks")]
+                inner.folds.background_done();
             });
         }
         if self.config.auto_compact
             && !self.compaction_running.load(Ordering::Acquire)
-            && (self.scatter.maybe_due(segment) || compaction::worth_compacting(self))
+            && compaction::maybe_due(self, segment)
         {
             compaction::spawn(self);
         }

@@ -1,15 +1,18 @@
 //! Compaction: reclaims overwritten, deleted and truncated data, and lays scattered histories
 //! out together (SPEC S7).
 //!
-//! A sealed segment (any but the one being appended to) can be deleted once no partition needs
-//! it: no live value lives in it and no chain since a partition's newest base passes through
-//! it. The victims are every sealed segment (on demand, or when garbage outweighs live data)
-//! or only those `scatter` finds due. For every partition with a record in the victims,
-//! compaction copies the values that still live there to the journal's tail, in key order and
-//! adjacent (with the partition's other runs, smallest first, while each is no larger than
-//! what is gathered so far, so its history is a few runs of the journal: see `movers`), and
-//! writes a fresh base record; then it syncs, writes a heads snapshot past all of that, and
-//! only then deletes the victims. A crash between any
+//! A sealed segment (one the group-commit leader has finished with: every record in it written,
+//! the segment trimmed and synced; see `Journal::sealed_through`) can be deleted once no
+//! partition needs it: no live value lives in it and no chain since a partition's newest base
+//! passes through it. The victims are every sealed segment (on demand) or only those that are
+//! due: scattered (see `scatter`) or a third dead (see `space`). For every partition with a
+//! record in the victims whose values or chain need them (a partition that needs nothing there
+//! is left alone: see [`rewrite_partition`]), compaction copies the values that still live
+//! there to the journal's tail, in key order and end to end, in values records (with the
+//! partition's other runs, smallest first, while each is no larger than what is gathered so
+//! far, so its history is a few runs of the journal: see `movers`), and writes a fresh base
+//! record; then it syncs, writes a heads snapshot past all of that, and only then deletes the
+//! victims. A crash between any
 //! two steps leaves extra data, never missing data. Writers of a partition wait only while that
 //! one partition is rewritten; readers wait only while compaction waits, before deleting, for
 //! the readers that took a location into a victim before it was moved (`Journal::pin`).
@@ -17,9 +20,9 @@
 //! does not grow with segment or partition size. See docs/DESIGN.md, "Compaction", for what is
 //! guaranteed and what is not.
 
-use std::collections::{HashMap, HashSet};
+use crate::sync::atomic::Ordering;
+use crate::sync::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use super::Inner;
 use super::format::{self, FRAME_LEN, Loc, RecordKind, SEGMENT_HEADER_LEN, ValueLoc, loc_segment};
@@ -28,6 +31,7 @@ use super::partition::{self, PartState};
 use super::values::MERGE_GAP;
 use super::window::Window;
 use crate::error::{Error, Result};
+use crate::observe::CompactionTrigger;
 use crate::store::{Op, Partition};
 
 /// Values copied per rewrite record, so no record approaches the batch limit.
@@ -41,6 +45,9 @@ pub struct CompactionReport {
     pub segments_removed: u32,
     /// Segments kept because they hold damaged records or records of a corrupt partition.
     pub segments_kept: u32,
+    /// Segments left for a later compaction because reading them failed (an I/O error, not
+    /// damage); they stay due.
+    pub segments_skipped: u32,
     /// Partitions whose live data was copied forward.
     pub partitions_rewritten: u64,
     /// Bytes of live values copied.
@@ -49,24 +56,17 @@ pub struct CompactionReport {
     pub bytes_removed: u64,
 }
 
-/// Whether enough garbage has piled up to be worth a background compaction.
-pub(super) fn worth_compacting(inner: &Inner) -> bool {
-    let garbage = inner.garbage_bytes.load(Ordering::Relaxed);
-    if garbage < 2 * inner.config.segment_bytes {
-        return false;
-    }
-    let segments = inner.journal.live_segments().len() as u64;
-    if segments < 3 {
-        return false;
-    }
-    garbage * 2 > segments * inner.config.segment_bytes
+/// Whether a segment below `tail` may be due, scattered or mostly dead (no lock: a commit
+/// asks after every append).
+pub(super) fn maybe_due(inner: &Inner, tail: u32) -> bool {
+    inner.scatter.maybe_due(tail) || inner.space.maybe_due(tail)
 }
 
 /// Counts the compactions started by themselves (on the rayon pool) and those finished.
 #[derive(Default)]
 pub(super) struct Background {
-    counts: parking_lot::Mutex<(u64, u64)>,
-    finished: parking_lot::Condvar,
+    counts: crate::sync::Mutex<(u64, u64)>,
+    finished: crate::sync::Condvar,
 }
 
 impl Background {
@@ -77,7 +77,6 @@ impl Background {
     }
 
     /// Waits until every background compaction started so far has finished.
-    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub(super) fn wait_idle(&self) {
         let mut counts = self.counts.lock();
         while counts.1 < counts.0 {
@@ -89,106 +88,190 @@ impl Background {
 /// Which sealed segments a compaction takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Pick {
-    /// Every sealed segment (on demand, or when garbage outweighs live data).
+    /// Every sealed segment (on demand).
     All,
-    /// Only the sealed segments that are scattered or half moved out (see `scatter`).
-    Scattered,
+    /// Only the sealed segments that are due: scattered or half moved out (see `scatter`),
+    /// or half dead (see `space`).
+    Due,
 }
 
-/// What a background compaction should take now, if anything.
-fn pick(inner: &Inner) -> Option<Pick> {
-    if worth_compacting(inner) {
-        return Some(Pick::All);
+/// The sealed segments that are due, oldest first.
+fn due(inner: &Inner, sealed: u32) -> Vec<u32> {
+    let mut due = inner.scatter.due(sealed + 1);
+    due.extend(inner.space.due(sealed + 1));
+    due.sort_unstable();
+    due.dedup();
+    due
+}
+
+/// Whether a sealed segment is due.
+fn any_due(inner: &Inner) -> bool {
+    !due(inner, sealed_through(inner)).is_empty()
+}
+
+/// The newest segment compaction may take: the newest the journal has sealed (every record
+/// written, trimmed and synced; SPEC S14). An appender moves the tail on before the records
+/// queued for the old one are written, so "below the tail" is not enough.
+fn sealed_through(inner: &Inner) -> u32 {
+    #[cfg(feature = "fault-injection")]
+    if inner
+        .config
+        .skip_syncs
+        .contains(&super::SkipSync::SealedVictims)
+    {
+        return inner.journal.tail_segment().saturating_sub(1);
     }
-    scattered_due(inner).then_some(Pick::Scattered)
+    inner.journal.sealed_through()
 }
 
-/// Whether a sealed segment is due because it is scattered (see `scatter`).
-fn scattered_due(inner: &Inner) -> bool {
-    let tail = inner.journal.tail_segment();
-    !inner.scatter.due(tail).is_empty()
-}
-
-/// Runs compactions on the rayon pool unless one is already running: what [`pick`] chooses,
-/// then the scattered segments for as long as any are due. (A compaction started by garbage
-/// is not repeated here: the estimate may stay high when the garbage is in segments no
-/// compaction takes, and the next commit asks again anyway.)
+/// Runs compactions of the due segments on the rayon pool unless one is already running, for
+/// as long as any are due and each one takes some. One that fails, or takes nothing (every
+/// victim's read failed), ends the run: its victims stay due, and the next commit asks again
+/// (starting again at once would fail again, for as long as the store lives).
 pub(super) fn spawn(inner: &Arc<Inner>) {
     if inner.compaction_running.swap(true, Ordering::AcqRel) {
         return;
     }
     inner.background.counts.lock().0 += 1;
     let inner = inner.clone();
-    rayon::spawn(move || {
-        let mut next = pick(&inner);
-        while let Some(what) = next {
+    let spawner = inner.config.spawner.clone();
+    spawner.spawn(move || {
+        let mut next = any_due(&inner);
+        let mut stuck = false;
+        while next {
             // A panic must not unwind out of a rayon task (it would abort the process).
-            let outcome =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compact(&inner, what)));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                compact(&inner, Pick::Due)
+            }));
             match outcome {
-                Ok(Ok(report)) => log::info!("background compaction ({what:?}): {report:?}"),
+                Ok(Ok(report)) => {
+                    log::info!("background compaction: {report:?}");
+                    if report.segments_removed + report.segments_kept == 0 {
+                        stuck = true;
+                        break;
+                    }
+                }
                 Ok(Err(Error::Closed)) => break,
                 Ok(Err(e)) => {
                     log::warn!("background compaction failed: {e}");
+                    stuck = true;
                     break;
                 }
                 Err(_) => {
                     log::error!("background compaction panicked; it will be retried later");
+                    stuck = true;
                     break;
                 }
             }
-            next = scattered_due(&inner).then_some(Pick::Scattered);
+            next = any_due(&inner);
         }
         inner.compaction_running.store(false, Ordering::Release);
         // A segment may have become due after the last look and before the flag was cleared,
         // when no commit came to start another run: look once more (counted before this run
-        // counts as finished, so waiting for background compactions waits for it too).
-        if inner.config.auto_compact && inner.check_open().is_ok() && scattered_due(&inner) {
+        // counts as finished, so waiting for background compactions waits for it too). Not
+        // after a failure: that is for the next commit to retry.
+        if !stuck && inner.config.auto_compact && inner.check_open().is_ok() && any_due(&inner) {
             spawn(&inner);
         }
         inner.background.counts.lock().1 += 1;
         inner.background.finished.notify_all();
+        // Counted as finished first: a listener may wait for background compactions.
+        inner.deliver_in_background();
     });
 }
 
+/// Runs one compaction (see [`compact_victims`]) and tells the listener what became of it once
+/// it has taken victims (SPEC E8).
 pub(super) fn compact(inner: &Inner, what: Pick) -> Result<CompactionReport> {
+    let trigger = match what {
+        Pick::All => CompactionTrigger::OnDemand,
+        Pick::Due => CompactionTrigger::Background,
+    };
+    let _span = crate::observe::span!("portcullis.compaction", trigger = format!("{trigger:?}"));
+    let mut took = None;
+    let outcome = compact_victims(inner, what, trigger, &mut took);
+    if let Some(started) = took {
+        inner.compaction_ended(
+            trigger,
+            &outcome,
+            inner
+                .config
+                .clock
+                .instant()
+                .saturating_duration_since(started),
+        );
+    }
+    outcome
+}
+
+/// Compacts the sealed segments `what` picks; sets `took` once it has taken victims.
+fn compact_victims(
+    inner: &Inner,
+    what: Pick,
+    trigger: CompactionTrigger,
+    took: &mut Option<std::time::Instant>,
+) -> Result<CompactionReport> {
+    #[cfg(feature = "fault-injection")]
+    let _one_at_a_time = match inner.compaction_lock.try_lock() {
+        Some(held) => held,
+        None => {
+            if let Some(observe) = &inner.config.compaction_wait_observer {
+                (observe.0)();
+            }
+            inner.compaction_lock.lock()
+        }
+    };
+    #[cfg(not(feature = "fault-injection"))]
     let _one_at_a_time = inner.compaction_lock.lock();
     // Close waits for this lock; a compaction must not start on a closed store.
     inner.check_open()?;
-    let tail = inner.journal.tail_segment();
+    let sealed = sealed_through(inner);
+    let live = inner.journal.live_segments();
     let due: HashSet<u32> = match what {
-        Pick::All => HashSet::new(),
-        Pick::Scattered => inner.scatter.due(tail).into_iter().collect(),
+        Pick::All => HashSet::default(),
+        Pick::Due => due(inner, sealed).into_iter().collect(),
     };
-    let victims: Vec<u32> = inner
-        .journal
-        .live_segments()
+    // Due segments that are gone (deleted, or found damaged) are due no more.
+    let gone: Vec<u32> = due.iter().copied().filter(|n| !live.contains(n)).collect();
+    inner.scatter.forget(gone.iter().copied());
+    inner.space.forget(gone);
+    let mut victims: Vec<u32> = live
         .into_iter()
-        .filter(|&n| n < tail && (what == Pick::All || due.contains(&n)))
+        .filter(|&n| n <= sealed && (what == Pick::All || due.contains(&n)))
         .collect();
-    // Taken: deleted below, or kept as evidence; either way not due again.
-    inner
-        .scatter
-        .forget(victims.iter().chain(due.iter()).copied());
     let mut report = CompactionReport::default();
-    if victims.is_empty() {
-        return Ok(report);
-    }
-    let victim_set: HashSet<u32> = victims.iter().copied().collect();
-    let mut keep: HashSet<u32> = HashSet::new();
+    // Segments that hold damage or a corrupt partition's records: kept as evidence.
+    let mut keep: HashSet<u32> = HashSet::default();
 
     let mut found: Vec<(u32, HashSet<Vec<u8>>)> = Vec::new();
+    let mut retry: Vec<u32> = Vec::new();
     for &number in &victims {
         match partitions_in_segment(inner, number) {
             Ok(names) => found.push((number, names)),
-            Err(e) => {
+            Err(e @ (Error::Corrupt { .. } | Error::UnsupportedVersion { .. })) => {
                 log::warn!("compaction keeps segment {number}: {e}");
                 keep.insert(number);
             }
+            Err(e) => {
+                // Not damage (a failed read): the segment stays, and stays due, for the next
+                // compaction to read again.
+                log::warn!("compaction leaves segment {number} for later: {e}");
+                retry.push(number);
+            }
         }
     }
-    // Bytes of values copied from outside the victims (their old copies are garbage now).
-    let mut gathered = 0u64;
+    victims.retain(|n| !retry.contains(n));
+    report.segments_skipped = retry.len() as u32;
+    let victim_set: HashSet<u32> = victims.iter().copied().collect();
+    #[cfg(feature = "fault-injection")]
+    if let Some(observe) = &inner.config.compaction_observer {
+        (observe.0)(&victims);
+    }
+    if victims.is_empty() {
+        return Ok(report);
+    }
+    *took = Some(inner.config.clock.instant());
+    inner.compaction_started(trigger, victims.len());
     let mut names: Vec<&Vec<u8>> = found.iter().flat_map(|(_, names)| names).collect();
     names.sort();
     names.dedup();
@@ -207,10 +290,11 @@ pub(super) fn compact(inner: &Inner, what: Pick) -> Result<CompactionReport> {
             Err(e) => Err(e),
         };
         match rewritten {
-            Ok((copied, from_outside)) => {
+            // Nothing of it in the victims: its chain and values lie elsewhere.
+            Ok(None) => {}
+            Ok(Some(copied)) => {
                 report.partitions_rewritten += 1;
                 report.bytes_copied += copied;
-                gathered += from_outside;
             }
             Err(Error::Corrupt { .. }) => {
                 // Keep the evidence: the segments holding a corrupt partition's records stay.
@@ -224,23 +308,11 @@ pub(super) fn compact(inner: &Inner, what: Pick) -> Result<CompactionReport> {
         }
     }
 
-    // The estimate drops by what the deletions below reclaim before the snapshot records it,
-    // so a restart does not find the garbage of deleted segments still counted.
     let mut doomed = Vec::new();
     for &number in victims.iter().filter(|n| !keep.contains(n)) {
         let size = inner.journal.segment(number)?.file.len().unwrap_or(0);
         doomed.push((number, size));
     }
-    let reclaimed = doomed
-        .iter()
-        .map(|(_, size)| size)
-        .sum::<u64>()
-        .saturating_sub(report.bytes_copied - gathered);
-    let _ = inner
-        .garbage_bytes
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |g| {
-            Some(g.saturating_sub(reclaimed))
-        });
 
     // Everything copied must be durable, and the snapshot must point past it, before any
     // victim disappears. The manifest written with it records which segments go, so a rebuild
@@ -268,6 +340,11 @@ pub(super) fn compact(inner: &Inner, what: Pick) -> Result<CompactionReport> {
     }
     vfs.sync_dir(&journal_dir)
         .map_err(|e| Error::io(format!("syncing {}", journal_dir.display()), e))?;
+    // Taken: deleted, or kept as evidence; either way not due again. A compaction that failed
+    // before this point leaves every victim due, for the next one to take. (The snapshot
+    // above still counts the victims; the next open counts only segments that are there.)
+    inner.scatter.forget(victims.iter().copied());
+    inner.space.forget(victims.iter().copied());
     inner.compactions.fetch_add(1, Ordering::Relaxed);
     log::debug!("compaction: {report:?}");
     Ok(report)
@@ -280,7 +357,7 @@ fn partitions_in_segment(inner: &Inner, number: u32) -> Result<HashSet<Vec<u8>>>
     let io = |e| Error::io(format!("reading segment {number}"), e);
     let len = segment.file.len().map_err(io)?;
     let mut window = Window::new(&*segment.file, len);
-    let mut names = HashSet::new();
+    let mut names = HashSet::default();
     let mut at = SEGMENT_HEADER_LEN;
     while at < len {
         let damaged = || {
@@ -320,13 +397,15 @@ fn partitions_in_segment(inner: &Inner, number: u32) -> Result<HashSet<Vec<u8>>>
 }
 
 /// Copies a partition's values that live in `victims` to the tail and writes a base record, so
-/// nothing of the partition needs the victims any more. Returns the bytes copied, and how many
-/// of them were gathered from outside the victims (see [`movers`]).
+/// nothing of the partition needs the victims any more. Returns the bytes copied, or `None`
+/// when nothing of the partition needs a victim (no value lives there and its chain since its
+/// newest base does not pass through one: its records there are garbage already), which it
+/// then leaves alone.
 fn rewrite_partition(
     inner: &Inner,
     state: &PartState,
     victims: &HashSet<u32>,
-) -> Result<(u64, u64)> {
+) -> Result<Option<u64>> {
     // Hold the partition's commit lock with no batch in flight, so the index is complete.
     let mut commit = loop {
         let mut commit = state.commit.lock();
@@ -341,9 +420,13 @@ fn rewrite_partition(
         }
     };
     let (movers, gathered) = movers(&state.view.read().index, victims);
+    let needs_chain = inner.space.checks_chains() && commit.chain.passes_through(victims);
+    if movers.is_empty() && !needs_chain {
+        return Ok(None);
+    }
     // Where the gathered values come from: their old copies are dead, which may make that
     // segment due (see `scatter`).
-    let mut moved_out: HashMap<u32, u64> = HashMap::new();
+    let mut moved_out: HashMap<u32, u64> = HashMap::default();
     for (_, v) in movers
         .iter()
         .filter(|(_, v)| !victims.contains(&loc_segment(v.at)))
@@ -355,24 +438,19 @@ fn rewrite_partition(
     for chunk in chunk_by_bytes(&movers) {
         let locs: Vec<ValueLoc> = chunk.iter().map(|(_, v)| *v).collect();
         let values = inner.read_values(state, &locs)?;
-        let ops: Vec<Op> = chunk
-            .iter()
-            .zip(values)
-            .map(|((k, _), value)| Op::Put(k.to_vec(), value))
-            .collect();
-        let (body, offsets) =
-            format::encode_batch_body(state.name.as_bytes(), partition::head_of(state), &ops);
+        let (kind, body, offsets) = copy_record(inner, state, chunk, values);
         let (lsn, at) = inner
             .journal
-            .append(RecordKind::Batch, state.hash, &body, |lsn, at| {
-                state.place_head(lsn, at)
-            })?;
-        drop((ops, body));
+            .append(kind, state.hash, &body, |lsn, at| state.place_head(lsn, at))?;
+        let values: u64 = chunk.iter().map(|(_, v)| v.len as u64).sum();
+        commit
+            .chain
+            .push(at, (FRAME_LEN + body.len()) as u64 - values);
+        drop(body);
         // Each copy is written before the next is read, so the journal's queue holds one
         // copy record at a time, not a partition's worth (the sync it may cost is one per
         // COPY_RECORD_BYTES copied).
         inner.journal.wait_durable(lsn)?;
-        commit.chain_len += 1;
         for ((k, v), offset) in chunk.iter().zip(offsets) {
             copied += v.len as u64;
             let at = at + FRAME_LEN as u64 + offset as u64;
@@ -384,16 +462,47 @@ fn rewrite_partition(
         view.index.insert(k, v);
     }
     // The old copies of values gathered from outside the victims are garbage now.
-    inner.garbage_bytes.fetch_add(gathered, Ordering::Relaxed);
-    for (segment, bytes) in moved_out {
+    debug_assert_eq!(moved_out.values().sum::<u64>(), gathered);
+    for (&segment, &bytes) in &moved_out {
         inner.scatter.note_moved(segment, bytes);
     }
-    let view = parking_lot::RwLockWriteGuard::downgrade(view);
+    inner.space.add_all(moved_out);
+    let view = crate::sync::RwLockWriteGuard::downgrade(view);
     inner.write_base(state, &mut commit, &view.index)?;
-    Ok((copied, gathered))
+    Ok(Some(copied))
 }
 
 type Mover = (Box<[u8]>, ValueLoc);
+
+/// The record that carries one chunk of a partition's copied values, and each value's offset
+/// in its body: a values record (no keys: the base written after it names every value), or,
+/// when the store writes format version 2 records (tests only), a batch of puts.
+fn copy_record(
+    inner: &Inner,
+    state: &PartState,
+    chunk: &[Mover],
+    values: Vec<Vec<u8>>,
+) -> (RecordKind, Vec<u8>, Vec<u32>) {
+    let (name, prev) = (state.name.as_bytes(), partition::head_of(state));
+    if !inner.space.packed() {
+        let ops: Vec<Op> = chunk
+            .iter()
+            .zip(values)
+            .map(|((k, _), value)| Op::Put(k.to_vec(), value))
+            .collect();
+        let (body, offsets) = format::encode_batch_body(name, prev, &ops);
+        return (RecordKind::Batch, body, offsets);
+    }
+    let mut offsets = Vec::with_capacity(values.len());
+    let mut end = format::values_head_len(name);
+    for v in &values {
+        offsets.push(end as u32);
+        end += v.len();
+    }
+    let len = end - format::values_head_len(name);
+    let body = format::encode_values_body(name, prev, values.iter().map(Vec::as_slice), len);
+    (RecordKind::Values, body, offsets)
+}
 
 /// The values of a partition to copy, in key order: those in the victims, and with them its
 /// other *runs* (values one read takes together: one segment, at most [`MERGE_GAP`] apart),
@@ -412,7 +521,7 @@ fn movers(index: &partition::Index, victims: &HashSet<u32>) -> (Vec<Mover>, u64)
             outside.push(v);
         }
     }
-    let mut gathered: HashSet<Loc> = HashSet::new();
+    let mut gathered: HashSet<Loc> = HashSet::default();
     let mut total = inside;
     if inside > 0 {
         outside.sort_unstable_by_key(|v| v.at);
@@ -470,66 +579,4 @@ fn chunk_by_bytes(entries: &[Mover]) -> Vec<&[Mover]> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::file::format::loc;
-
-    fn index(values: &[(&str, u32, u64, u32)]) -> partition::Index {
-        values
-            .iter()
-            .map(|&(k, segment, offset, len)| {
-                let v = ValueLoc {
-                    at: loc(segment, offset),
-                    len,
-                    crc: 0,
-                };
-                (Box::from(k.as_bytes()), v)
-            })
-            .collect()
-    }
-
-    fn keys(movers: &[Mover]) -> Vec<&str> {
-        movers
-            .iter()
-            .map(|(k, _)| std::str::from_utf8(k).unwrap())
-            .collect()
-    }
-
-    /// Runs are gathered smallest first while each is no larger than what is gathered so far;
-    /// a larger run stays where it is.
-    #[test]
-    fn runs_are_gathered_smallest_first_while_no_larger_than_the_total() {
-        let victims: HashSet<u32> = [5].into_iter().collect();
-        let index = index(&[
-            // An old run of 400 bytes in segment 2, a lone value far from it, one of 100 in
-            // segment 3.
-            ("a", 2, 1000, 200),
-            ("b", 2, 1200, 200),
-            ("g", 2, 900_000, 60),
-            ("c", 3, 500, 100),
-            // 150 bytes in the victim.
-            ("d", 5, 100, 150),
-            // Two lone values in segment 7, far apart: two runs of 50.
-            ("e", 7, 100, 50),
-            ("f", 7, 900_000, 50),
-        ]);
-        let (movers, gathered) = movers(&index, &victims);
-        // 150, then 50, 50, 60 and 100 join (each no more than the total so far: 410); the
-        // run of 400 does too; nothing is left.
-        assert_eq!(keys(&movers), vec!["a", "b", "c", "d", "e", "f", "g"]);
-        assert_eq!(gathered, 660);
-        // With less in the victims the large run stays: 60, then 50, 50, 60, 100 (total 320).
-        let mut small = index.clone();
-        small.get_mut(&b"d"[..]).unwrap().len = 60;
-        let (moved, gathered) = super::movers(&small, &victims);
-        assert_eq!(keys(&moved), vec!["c", "d", "e", "f", "g"]);
-        assert_eq!(gathered, 260);
-        // Nothing in the victims: nothing moves.
-        let (movers, gathered) = movers_of_none(&index);
-        assert!(movers.is_empty() && gathered == 0);
-    }
-
-    fn movers_of_none(index: &partition::Index) -> (Vec<Mover>, u64) {
-        movers(index, &[9].into_iter().collect())
-    }
-}
+mod tests;

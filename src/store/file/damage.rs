@@ -9,16 +9,15 @@
 //! Refusals are persisted with every heads snapshot and manifest and lifted only by an
 //! operator call.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
-use std::sync::atomic::Ordering;
+use crate::sync::HashMap;
+use crate::sync::atomic::Ordering;
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::format::{Loc, RecordKind, loc_offset, loc_segment, partition_hash};
 use super::partition::Load;
-use super::vfs::Vfs;
-use super::{FileStore, Inner, heads};
+use super::{FileStore, Inner};
 use crate::error::{Error, Result};
 use crate::store::Partition;
 
@@ -196,7 +195,7 @@ impl Ranges {
         let judged = self.judged.get(name).copied().unwrap_or(0);
         if judged < self.starts.len() {
             let from = self.starts[judged];
-            if kind != RecordKind::Base && prev >= from {
+            if !kind.is_base() && prev >= from {
                 self.damage.refuse(
                     hash,
                     Some(name),
@@ -256,21 +255,6 @@ pub fn describe(damage: &Damage) -> StoreDamage {
             .collect(),
         unattributed: damage.unattributed.clone(),
     }
-}
-
-/// The damage recorded in the newest heads snapshot in `dir`, for when the manifest that names
-/// it is unusable. Best effort: anything unreadable gives nothing.
-pub fn from_newest_snapshot(vfs: &dyn Vfs, dir: &Path) -> Damage {
-    let newest = vfs.list(dir).ok().and_then(|names| {
-        names
-            .into_iter()
-            .filter(|n| n.starts_with("heads-") && n.ends_with(".snap"))
-            .max()
-    });
-    newest
-        .and_then(|name| heads::open(vfs, dir, &name).ok().flatten())
-        .map(|s| s.position.damage)
-        .unwrap_or_default()
 }
 
 const OPERATOR_HINT: &str =

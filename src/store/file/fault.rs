@@ -2,8 +2,10 @@
 //! the file-backed store's recovery (SPEC S3, S4) against every crash point.
 //!
 //! Owns the fault state, the crash points and the gate every operation passes; the [`Vfs`]
-//! implementation and its file and lock handles are in [`files`], the disk model in [`model`].
+//! implementation and its file and lock handles are in [`files`], the disk's tree of directories
+//! and files in [`disk`], what each file and directory holds now and after a crash in [`model`].
 
+mod disk;
 mod files;
 mod model;
 mod rng;
@@ -18,9 +20,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
-use self::model::Disk;
+use self::disk::Disk;
 use self::rng::Rng;
 use super::vfs::{OpenMode, PathKind, Vfs, VfsFile, VfsLock};
 
@@ -98,6 +100,8 @@ struct State {
     disk: Disk,
     faults: Faults,
     locks: BTreeSet<PathBuf>,
+    /// Bytes every successful `write_all_at` was given, in every file (write amplification).
+    written: u64,
 }
 
 #[derive(Default)]
@@ -233,6 +237,13 @@ impl FaultFs {
     /// How many operations have run so far (including failed ones).
     pub fn ops(&self) -> u64 {
         self.shared.lock().faults.ops
+    }
+
+    /// Bytes written so far: every byte a successful `write_all_at` was given, in every file
+    /// (journal records, the zeros that prepare segments, snapshots, the manifest), so a test
+    /// can bound what a workload writes per byte of payload (SPEC S13).
+    pub fn bytes_written(&self) -> u64 {
+        self.shared.lock().written
     }
 
     /// A description of the operation [`FaultFs::fail_at`] made fail, once it has.

@@ -23,6 +23,7 @@
 //! re-exported here, so the rest of the store names one format module.
 
 mod body;
+mod packed;
 
 use crate::error::{Error, Result};
 pub use body::{
@@ -30,10 +31,14 @@ pub use body::{
     decode_base_part_head, decode_body_head, encode_base_body, encode_base_part_body,
     encode_batch_body, visit_body,
 };
+pub use packed::{
+    encode_packed_base_body, encode_values_body, packed_entry_max, packed_head_len, values_head_len,
+};
 
-/// The format version this build writes and the newest it reads (SPEC S10). Version 1 files
-/// (no preamble check, no persisted damage) are still read.
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this build writes and the newest it reads (SPEC S10). Version 3 added
+/// packed bases and values records ([`packed`]); files of versions 1 (no preamble check, no
+/// persisted damage) and 2 are still read, and so are the records they hold.
+pub const FORMAT_VERSION: u32 = 3;
 pub const SEGMENT_MAGIC: [u8; 8] = *b"PCLSSEG\x01";
 pub const SEGMENT_HEADER_LEN: u64 = 32;
 pub const FRAME_LEN: usize = 37;
@@ -96,8 +101,34 @@ pub fn encode_preamble(magic: &[u8; 8]) -> [u8; PREAMBLE_LEN] {
 pub type Loc = u64;
 
 pub fn loc(segment: u32, offset: u64) -> Loc {
-    debug_assert!(segment < (1 << 24) && offset < (1 << 40));
+    debug_assert!(segment <= MAX_LOC_SEGMENT && offset < (1 << 40));
     ((segment as u64) << 40) | offset
+}
+
+/// The largest segment number a [`Loc`] can hold.
+pub const MAX_LOC_SEGMENT: u32 = (1 << 24) - 1;
+
+/// The last segment number the journal may start when it rolls over. The 65,536 numbers above
+/// it are left for open, which starts a fresh segment past a damaged or lost newest one (at
+/// most one each open), so no segment ever gets a number a location cannot hold.
+pub const LAST_APPEND_SEGMENT: u32 = MAX_LOC_SEGMENT - (1 << 16);
+
+/// The number of the segment after `current`, or [`Error::Exhausted`] past
+/// [`LAST_APPEND_SEGMENT`]: segment numbers never go back (compaction deletes segments but
+/// never renumbers them), and a number past 24 bits would silently wrap every location into
+/// it.
+pub fn next_segment(current: u32) -> Result<u32> {
+    match current.checked_add(1) {
+        Some(next) if next <= LAST_APPEND_SEGMENT => Ok(next),
+        _ => Err(Error::Exhausted {
+            what: "journal segment numbers".into(),
+            detail: format!(
+                "the journal's segment {current} is full and {LAST_APPEND_SEGMENT} is the last \
+                 segment this store's format can number; copy every partition into a new store \
+                 (list_partitions, then scan and apply each partition) and use that one"
+            ),
+        }),
+    }
 }
 
 pub fn loc_segment(l: Loc) -> u32 {
@@ -108,7 +139,7 @@ pub fn loc_offset(l: Loc) -> u64 {
     l & ((1 << 40) - 1)
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RecordKind {
     /// One committed batch of one partition.
     Batch = 1,
@@ -119,16 +150,48 @@ pub enum RecordKind {
     /// complete run (the last part and every one before it) is a base; parts of a run cut short
     /// by a crash carry nothing and a chain walk passes over them.
     BasePart = 3,
+    /// A base whose entries are packed (format version 3; see [`packed`]).
+    PackedBase = 4,
+    /// A part of a base run whose entries are packed (format version 3).
+    PackedBasePart = 5,
+    /// Compaction's copies of a partition's values, without keys (format version 3): the base
+    /// written right after them names each; a chain walk passes over it.
+    Values = 6,
 }
 
 impl RecordKind {
+    /// Every kind, for the tests that feed each decoder arbitrary bytes.
+    #[cfg(test)]
+    pub const ALL: [RecordKind; 6] = [
+        RecordKind::Batch,
+        RecordKind::Base,
+        RecordKind::BasePart,
+        RecordKind::PackedBase,
+        RecordKind::PackedBasePart,
+        RecordKind::Values,
+    ];
+
     fn from_u8(b: u8) -> Option<Self> {
         match b {
             1 => Some(RecordKind::Batch),
             2 => Some(RecordKind::Base),
             3 => Some(RecordKind::BasePart),
+            4 => Some(RecordKind::PackedBase),
+            5 => Some(RecordKind::PackedBasePart),
+            6 => Some(RecordKind::Values),
             _ => None,
         }
+    }
+
+    /// A whole base: a chain walk stops here.
+    pub fn is_base(self) -> bool {
+        matches!(self, RecordKind::Base | RecordKind::PackedBase)
+    }
+
+    /// A part of a base run.
+    #[cfg(feature = "test-hooks")]
+    pub fn is_base_part(self) -> bool {
+        matches!(self, RecordKind::BasePart | RecordKind::PackedBasePart)
     }
 }
 

@@ -29,15 +29,15 @@
 //! the current layout. Earlier builds refuse a snapshot with a paged index as damaged (its
 //! meta does not match their layout) and rebuild the heads from the journal (SPEC S4).
 
+#[cfg(feature = "test-hooks")]
+use crate::sync::atomic::AtomicBool;
+#[cfg(feature = "test-hooks")]
+use crate::sync::atomic::Ordering;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-#[cfg(feature = "test-hooks")]
-use std::sync::atomic::AtomicBool;
-#[cfg(feature = "test-hooks")]
-use std::sync::atomic::Ordering;
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::damage::{Damage, shown};
@@ -82,6 +82,12 @@ pub struct Position {
     /// The garbage estimate at that position, so compaction still starts by itself in a
     /// process that restarts often.
     pub garbage_bytes: u64,
+    /// Per segment: (number, bytes of records appended apart from their partition's previous
+    /// one, dead bytes), so compaction of scattered and mostly dead segments resumes after a
+    /// restart. Format version 3 keeps it after the meta (see [`fn@write`]); older files have
+    /// none.
+    #[serde(skip)]
+    pub segments: Vec<(u32, u64, u64)>,
 }
 
 /// The meta of a snapshot whose index is paged.
@@ -132,6 +138,8 @@ pub struct Opened {
     pub heads: Heads,
 }
 
+// The simulation's locks and atomics (test-only feature) are a word larger each.
+#[cfg_attr(feature = "simulation", allow(clippy::large_enum_variant))]
 pub enum Heads {
     /// Version 3: looked up page by page.
     Paged(Pages),
@@ -236,13 +244,15 @@ pub fn open(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
     let undecodable = |e: postcard::Error| corrupt(&format!("undecodable: {e}"));
     let mismatch = || corrupt("the page index does not match the pages");
     let (position, partitions, index) = if flat {
-        let meta: FlatMeta = postcard::from_bytes(&body).map_err(undecodable)?;
+        let (meta, rest): (FlatMeta, _) = postcard::take_from_bytes(&body).map_err(undecodable)?;
         if meta.first.len() as u64 != pages as u64 || !meta.first.consistent() {
             return Err(mismatch());
         }
-        (meta.position, meta.partitions, Index::Flat(meta.first))
+        let position = with_segments(meta.position, version, rest).map_err(undecodable)?;
+        (position, meta.partitions, Index::Flat(meta.first))
     } else {
-        let meta: Meta = postcard::from_bytes(&body).map_err(undecodable)?;
+        let (meta, rest): (Meta, _) = postcard::take_from_bytes(&body).map_err(undecodable)?;
+        let position = with_segments(meta.position, version, rest).map_err(undecodable)?;
         let data_pages = pages - index_pages;
         let mut paged = Paged::new(file.clone(), page_len, data_pages, meta.root, meta.starts)
             .filter(|p| p.starts.len() as u32 == index_pages)
@@ -250,11 +260,7 @@ pub fn open(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
         if prefetch > 0 {
             paged.prefetched(0, index_page);
         }
-        (
-            meta.position,
-            meta.partitions,
-            Index::Paged(Box::new(paged)),
-        )
+        (position, meta.partitions, Index::Paged(Box::new(paged)))
     };
     let header_len = if flat { FLAT_HEADER_LEN } else { HEADER_LEN };
     Ok(Some(Opened {
@@ -276,6 +282,18 @@ pub fn open(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
             uncached: AtomicBool::new(false),
         }),
     }))
+}
+
+/// The position with the per-segment counts that follow the meta from format version 3 on.
+fn with_segments(
+    mut position: Position,
+    version: u32,
+    rest: &[u8],
+) -> std::result::Result<Position, postcard::Error> {
+    if version >= 3 && !rest.is_empty() {
+        position.segments = postcard::from_bytes(rest)?;
+    }
+    Ok(position)
 }
 
 fn read_whole(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
@@ -302,6 +320,7 @@ fn read_whole(vfs: &dyn Vfs, dir: &Path, name: &str) -> Result<Option<Opened>> {
             next_lsn: whole.next_lsn,
             damage: whole.damage,
             garbage_bytes: whole.garbage_bytes,
+            segments: Vec::new(),
         },
         bytes: env.len,
         index_bytes: 0,
@@ -538,13 +557,17 @@ impl Pages {
     }
 
     /// Calls `each` with the name of every partition on a page that reads intact; a damaged
-    /// page, or one a damaged index page names, is skipped (its names are refused already).
-    pub fn for_each_readable(&self, mut each: impl FnMut(&[u8])) {
-        for page in self.pages().flatten() {
-            for (name, _) in page.iter() {
-                each(name);
+    /// page, or one a damaged index page names, is skipped (its names are refused already). An
+    /// error reading a page is returned: it says nothing about the page's names.
+    pub fn for_each_readable(&self, mut each: impl FnMut(&[u8])) -> Result<()> {
+        for page in self.pages() {
+            match page {
+                Ok(page) => page.iter().for_each(|(name, _)| each(name)),
+                Err(Error::Corrupt { .. }) => {}
+                Err(e) => return Err(e),
             }
         }
+        Ok(())
     }
 
     /// Whether any page, data or index, was found damaged.

@@ -16,16 +16,17 @@ mod group;
 mod reads;
 mod steps;
 
+use crate::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard};
+use crate::sync::{Condvar, Mutex, RwLock, RwLockReadGuard};
 
 use super::format::{self, FRAME_LEN, Frame, Loc, RecordKind, SEGMENT_HEADER_LEN, loc};
 use super::segments::{Header, SegmentFiles, SegmentSet};
 use super::vfs::{Vfs, VfsFile};
+use crate::clock::SharedClock;
 use crate::error::{Error, Result};
 
 pub use group::AppendIntent;
@@ -165,9 +166,61 @@ pub struct JournalCounters {
     pub gathers: AtomicU64,
 }
 
+/// Sync latencies and commit stalls (SPEC E8).
+#[derive(Debug)]
+pub struct JournalWatch {
+    /// Every journal segment's `fdatasync` (not a new segment's nor a zero-filled step's).
+    pub latency: crate::observe::Latency,
+    /// Syncs and gathers slower than the threshold.
+    pub stalls: AtomicU64,
+    stall_nanos: u64,
+    events: crate::observe::Events,
+}
+
+impl Default for JournalWatch {
+    fn default() -> Self {
+        JournalWatch {
+            latency: Default::default(),
+            stalls: AtomicU64::new(0),
+            stall_nanos: crate::store::file::watch::DEFAULT_STALL_THRESHOLD.as_nanos() as u64,
+            events: Default::default(),
+        }
+    }
+}
+
+impl JournalWatch {
+    /// Counts a sync or gather that took `nanos`; a stall if over the threshold.
+    #[inline]
+    fn timed(&self, phase: crate::observe::StallPhase, nanos: u64) {
+        if phase == crate::observe::StallPhase::Sync {
+            self.latency.record(nanos);
+            #[cfg(feature = "metrics")]
+            crate::observe::metrics::sync_took(nanos);
+        }
+        if nanos > self.stall_nanos {
+            self.stalls.fetch_add(1, Ordering::Relaxed);
+            let threshold = std::time::Duration::from_nanos(self.stall_nanos);
+            self.events.emit(|| crate::observe::Event::CommitStall {
+                phase,
+                elapsed: std::time::Duration::from_nanos(nanos),
+                threshold,
+            });
+        }
+    }
+
+    /// A write or sync failed and is latched.
+    fn failed(&self, reason: &str) {
+        self.events.emit(|| crate::observe::Event::SyncFailed {
+            reason: reason.to_owned(),
+        });
+    }
+}
+
 pub struct Journal {
     dir: PathBuf,
     vfs: Arc<dyn Vfs>,
+    /// The store's clock: the gathering wait and the sync timing read it (SPEC E9).
+    clock: SharedClock,
     policy: SyncPolicy,
     segment_bytes: u64,
     state: Mutex<State>,
@@ -188,6 +241,12 @@ pub struct Journal {
     sync_nanos: AtomicU64,
     /// Every segment by number, each checked on first use (see [`SegmentSet`]).
     segments: SegmentSet,
+    /// The newest segment that is *sealed*: it and every segment before it hold all the
+    /// records they will ever hold, written, trimmed to their end and synced. Appenders move the
+    /// tail on before any of that happens (records for the old tail may still be queued); the
+    /// leader raises this mark once it has written, trimmed and synced the old tail and created
+    /// the next segment. Compaction takes victims only up to it (SPEC S14).
+    sealed_through: AtomicU32,
     /// How far the tail segment's file is known to hold written and synced zeros (or records):
     /// a write that would end past it first zero-fills the file a step further
     /// ([`preallocation_target`], [`prepare_step`]). 0 after open, so the first write prepares
@@ -205,6 +264,8 @@ pub struct Journal {
     /// segments, so no reader can still hold a location into a deleted segment.
     readers: RwLock<()>,
     pub counters: JournalCounters,
+    /// Every sync's time, commit stalls, and where they are told (SPEC E8).
+    pub watch: JournalWatch,
     /// The negative control of the pin (tests only): when off, readers pin this lock instead,
     /// which compaction never takes.
     #[cfg(feature = "fault-injection")]
@@ -249,6 +310,7 @@ impl Journal {
     pub fn new(
         dir: PathBuf,
         vfs: Arc<dyn Vfs>,
+        clock: SharedClock,
         policy: SyncPolicy,
         segment_bytes: u64,
         tail: JournalTail,
@@ -271,6 +333,7 @@ impl Journal {
         Journal {
             dir,
             vfs,
+            clock,
             policy,
             segment_bytes,
             state: Mutex::new(State {
@@ -297,6 +360,8 @@ impl Journal {
             gathering: AtomicBool::new(false),
             sync_nanos: AtomicU64::new(0),
             segments,
+            // Recovery leaves every segment before the tail whole and synced.
+            sealed_through: AtomicU32::new(tail.tail_segment.saturating_sub(1)),
             // Zeros open found after the tail's records and made durable; otherwise unknown
             // until the first write, which sizes the tail a step past its end (a tail trimmed
             // at close, cut at a torn tail or created by open).
@@ -306,9 +371,22 @@ impl Journal {
             files,
             readers: RwLock::new(()),
             counters: JournalCounters::default(),
+            watch: JournalWatch::default(),
             #[cfg(feature = "fault-injection")]
             pin_switch: Default::default(),
         }
+    }
+
+    /// Tells `events` of stalls (a sync or gather slower than `stall_threshold`) and of a
+    /// failed sync.
+    pub fn with_events(
+        mut self,
+        events: crate::observe::Events,
+        stall_threshold: std::time::Duration,
+    ) -> Self {
+        self.watch.events = events;
+        self.watch.stall_nanos = stall_threshold.as_nanos().min(u64::MAX as u128) as u64;
+        self
     }
 
     /// Test only: the reader pin's negative control and observer.
@@ -372,7 +450,8 @@ impl Journal {
         }
         if st.tail_offset + record_len > self.segment_bytes && st.tail_offset > SEGMENT_HEADER_LEN {
             let sealed_end = st.tail_offset;
-            st.tail_segment += 1;
+            // Refused before anything changes: never a number a location cannot hold.
+            st.tail_segment = format::next_segment(st.tail_segment)?;
             let salt = new_salt();
             st.tail_seed = format::salt_seed(salt);
             st.tail_offset = SEGMENT_HEADER_LEN;
@@ -461,9 +540,17 @@ impl Journal {
         Ok(())
     }
 
-    /// The segment appends currently go to.
+    /// The segment appends currently go to (only compaction's negative control asks).
+    #[cfg(feature = "fault-injection")]
     pub fn tail_segment(&self) -> u32 {
         self.state.lock().tail_segment
+    }
+
+    /// The newest sealed segment (0: none): it and every segment before it hold every record
+    /// they will hold, written, trimmed to their end and synced, so none has a record still
+    /// queued or a write still to come. Only these may be compacted away.
+    pub fn sealed_through(&self) -> u32 {
+        self.sealed_through.load(Ordering::Acquire)
     }
 
     /// Runs `f` under the append mutex: nothing is appended meanwhile. Returns the position

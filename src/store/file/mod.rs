@@ -4,18 +4,23 @@
 //! Owns: the on-disk format ([`mod@format`]), the journal and its group commit ([`journal`]),
 //! per-partition indexes ([`partition`]), the partition table ([`table`]), open-time recovery
 //! ([`recovery`]), heads snapshots ([`heads`]), the manifest ([`container`]), compaction
-//! ([`compaction`]) and the file layer ([`vfs`]). [`FileStore`] itself is split by job: its
-//! configuration ([`builder`]), opening ([`open`]), the read path ([`read`]), what follows an
-//! append ([`commit`]), heads snapshot writing ([`snapshot`]) and the [`Store`] contract
-//! ([`ops`]); this file keeps the shared types ([`FileStore`], `Inner`), the file names and
-//! the manifest, and closing.
+//! ([`compaction`]) and what starts it (scattered segments, [`scatter`]; dead bytes per
+//! segment, [`space`]), online backup ([`backup`]) and the file layer ([`vfs`]). [`FileStore`]
+//! itself is split by job: its configuration ([`builder`]), opening ([`open`]), the read path
+//! ([`read`]), what follows an append ([`commit`]), heads snapshot writing ([`snapshot`]) and
+//! the [`Store`] contract ([`ops`]); this file keeps the shared types ([`FileStore`], `Inner`),
+//! the file names and the manifest, and closing.
 //! See `docs/DESIGN.md` for the format and the reasoning behind it.
 //!
 //! Lock order, outermost first: partition table -> a partition's `commit` -> journal reader pin
 //! (`Journal::pin`, shared) -> journal append mutex -> a partition's `view`. A reader takes its
 //! pin after loading and catching up (which take `commit`), never twice. The heads snapshot takes the journal append mutex and then the
 //! partition table for reading; no path holds the table while appending, so the two never meet.
+//! Once written, the snapshot takes the table for writing to fold its heads back ([`fold`]),
+//! holding only its own lock. A backup takes compaction's lock, then the snapshot's lock, then
+//! the append mutex only to read its point (as compaction and close take the first two).
 
+mod backup;
 mod builder;
 mod chain;
 mod commit;
@@ -25,6 +30,9 @@ mod damage;
 mod durability;
 #[cfg(any(test, feature = "fault-injection"))]
 mod fault;
+mod fold;
+#[cfg(feature = "test-hooks")]
+mod footprint;
 mod format;
 mod heads;
 mod journal;
@@ -39,20 +47,24 @@ mod recovery;
 mod scatter;
 mod segments;
 mod snapshot;
+mod space;
 mod table;
 mod unload;
 mod values;
 mod verify;
 mod vfs;
+mod watch;
 mod window;
 
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
+pub use backup::BackupReport;
+pub(crate) use backup::backup_unopened;
 pub use builder::FileStoreBuilder;
 pub use compaction::CompactionReport;
 pub use damage::{RefusedPartition, StoreDamage};
@@ -60,6 +72,8 @@ pub use damage::{RefusedPartition, StoreDamage};
 pub use fault::skip::SkipSync;
 #[cfg(feature = "fault-injection")]
 pub use fault::{CrashPoint, FailMode, FaultFs};
+#[cfg(feature = "test-hooks")]
+pub use footprint::Footprint;
 pub use journal::SyncPolicy;
 pub use open::OpenReport;
 pub use recovery::{DamagedRecord, TornTail};
@@ -78,6 +92,7 @@ use super::{
 };
 use crate::clock::SystemClock;
 use crate::error::{Error, Result};
+use crate::spawn::Spawner;
 
 const MANIFEST: &str = "MANIFEST";
 const MANIFEST_MAGIC: &[u8; 8] = b"PCLSMANI";
@@ -147,20 +162,26 @@ struct Inner {
     batches: AtomicU64,
     loaded: AtomicU64,
     compactions: AtomicU64,
-    /// Estimated bytes of journal no longer reachable from any index.
-    garbage_bytes: AtomicU64,
     /// How scattered each segment sealed since open is (starts compaction by itself too).
     scatter: scatter::Scatter,
+    /// What the store knows of its footprint, and which record formats it writes.
+    space: space::Space,
     background: compaction::Background,
     /// Unloading idle indexes under `max_loaded_partitions` (SPEC S8).
     index_budget: unload::IndexBudget,
+    /// Folding the heads each snapshot wrote out of the table's overlay (SPEC S8).
+    folds: fold::Folds,
     /// Record bodies chain walks read lately, so the reads after a load take values from them.
     recent: values::RecentRecords,
     /// Scan pages' buffers kept for the next page, so a page is neither allocated nor
     /// zero-filled afresh (bounded: see [`pool`]).
     pages: pool::Pool<read::PageBuf>,
     /// Dropping the sender stops the periodic sync thread.
-    syncer: Mutex<Option<crossbeam::channel::Sender<()>>>,
+    syncer: Mutex<Option<crate::sync::channel::Sender<()>>>,
+    /// This open handle's number (`Store::exclusive_handle`), drawn at open.
+    handle: u64,
+    /// Its health and the counters its stats add to the journal's (SPEC E8).
+    watch: watch::Watch,
 }
 
 /// The file-backed store (SPEC S3-S8, S10). Cheap to clone; clones share the store.
@@ -237,6 +258,7 @@ impl FileStore {
             dir: dir.as_ref().to_path_buf(),
             vfs: Arc::new(OsFs),
             clock: Arc::new(SystemClock),
+            spawner: Spawner::default(),
             sync_policy: SyncPolicy::default(),
             segment_bytes: 32 << 20,
             snapshot_every_bytes: 32 << 20,
@@ -244,6 +266,9 @@ impl FileStore {
             auto_compact: true,
             max_open_segments: 128,
             max_loaded_partitions: None,
+            events: Default::default(),
+            events_inline: true,
+            stall_threshold: watch::DEFAULT_STALL_THRESHOLD,
             #[cfg(feature = "fault-injection")]
             skip_syncs: Default::default(),
             #[cfg(feature = "fault-injection")]
@@ -254,6 +279,16 @@ impl FileStore {
             skip_value_checks: false,
             #[cfg(feature = "fault-injection")]
             skip_scatter_trigger: false,
+            #[cfg(feature = "fault-injection")]
+            skip_reclaim_trigger: false,
+            #[cfg(feature = "fault-injection")]
+            version_2_records: false,
+            #[cfg(feature = "fault-injection")]
+            compaction_observer: None,
+            #[cfg(feature = "fault-injection")]
+            compaction_wait_observer: None,
+            #[cfg(feature = "fault-injection")]
+            backup_point_observer: None,
         }
     }
 
@@ -314,6 +349,7 @@ impl FileStore {
     /// ```
     pub fn flush(&self) -> Result<()> {
         self.inner.check_open()?;
+        let _events = self.inner.deliver_after_call();
         self.inner.journal.sync_all().map(|_| ())
     }
 
@@ -337,6 +373,7 @@ impl FileStore {
     /// ```
     pub fn write_heads_snapshot(&self) -> Result<()> {
         self.inner.check_open()?;
+        let _events = self.inner.deliver_after_call();
         self.inner.write_snapshot()
     }
 
@@ -363,6 +400,7 @@ impl FileStore {
     /// ```
     pub fn compact(&self) -> Result<CompactionReport> {
         self.inner.check_open()?;
+        let _events = self.inner.deliver_after_call();
         compaction::compact(&self.inner, compaction::Pick::All)
     }
 
@@ -373,10 +411,39 @@ impl FileStore {
         self.inner.background.started()
     }
 
-    /// Test hook: waits until every compaction started by itself so far has finished.
-    #[cfg(feature = "test-hooks")]
+    /// Waits until every compaction the store started by itself has finished, and those it
+    /// started after them because more segments were due: once it returns, the store has
+    /// settled, and compaction has nothing left to do until the next commit (SPEC S7, S13).
+    /// A store reopened with segments due (a load its close cut short) starts compacting at
+    /// open. A compaction that fails is logged and tried again after a later commit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use portcullis::store::{Batch, FileStore, Partition, Store};
+    ///
+    /// # fn main() -> portcullis::Result<()> {
+    /// let dir = tempfile::tempdir().expect("a temporary directory");
+    /// let store = FileStore::builder(dir.path()).segment_bytes(64 << 10).open()?;
+    /// let p = Partition::new("accounts")?;
+    /// for n in 0..2_000 {
+    ///     store.apply(&p, &Batch::new().put("alice", vec![n as u8; 100]))?;
+    /// }
+    /// store.wait_for_background_compactions(); // the overwritten values were reclaimed
+    /// assert!(store.stats().compactions >= 1);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn wait_for_background_compactions(&self) {
         self.inner.background.wait_idle()
+    }
+
+    /// Test hook: where the journal's bytes go (SPEC S13). Loads every partition and reads
+    /// every segment.
+    #[cfg(feature = "test-hooks")]
+    pub fn footprint(&self) -> Result<Footprint> {
+        self.inner.check_open()?;
+        self.inner.footprint()
     }
 }
 

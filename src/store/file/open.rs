@@ -2,14 +2,18 @@
 //! scan, and the [`Inner`] they build; also the [`OpenReport`] that says what open read.
 //!
 //! May call: the recovery, heads, container, damage, segments, table, durability and journal
-//! modules; writes its first snapshot through [`Inner::write_snapshot`].
+//! modules; writes its first snapshot through [`Inner::write_snapshot`]. What open knows before
+//! its scan (the manifest, classified, and what a rebuild takes from the files left) is in
+//! [`prior`].
 
-use std::collections::HashMap;
+mod prior;
+
+use crate::sync::HashMap;
+use crate::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 
 #[cfg(feature = "fault-injection")]
 use super::SkipSync;
@@ -18,12 +22,13 @@ use super::fault;
 use super::journal::Journal;
 use super::recovery::Damage;
 use super::{
-    DamagedRecord, FileStore, FileStoreBuilder, Inner, JOURNAL_DIR, LOCK_FILE, MANIFEST,
-    MANIFEST_MAGIC, PathKind, SnapshotState, StoreDamage, SyncPolicy, TornTail, compaction,
-    container, damage, decode_manifest, durability, heads, recovery, scatter, segments, table,
-    unload, values,
+    DamagedRecord, FileStore, FileStoreBuilder, Inner, JOURNAL_DIR, LOCK_FILE, MANIFEST, PathKind,
+    SnapshotState, StoreDamage, SyncPolicy, TornTail, compaction, damage, durability, heads,
+    recovery, scatter, segments, space, table, unload, values,
 };
+use crate::clock;
 use crate::error::{Error, Result};
+use prior::ManifestRead;
 
 /// What opening the store read, and how long it took (SPEC S5).
 #[derive(Clone, Debug, Default)]
@@ -40,7 +45,7 @@ pub struct OpenReport {
     /// only a data page.
     pub snapshot_index_bytes: u64,
     /// Whether the store had to be rebuilt by scanning the whole journal (the snapshot or the
-    /// manifest was missing or unreadable).
+    /// manifest was missing or damaged; an error reading either fails open with `Io`).
     pub rebuilt_by_full_scan: bool,
     /// Why it was rebuilt: which file was missing or damaged, and how.
     pub rebuild_reason: Option<String>,
@@ -64,7 +69,8 @@ pub struct OpenReport {
 impl FileStore {
     #[cfg_attr(not(feature = "fault-injection"), allow(unused_mut))]
     pub(super) fn open_with(mut config: FileStoreBuilder) -> Result<FileStore> {
-        let started = Instant::now();
+        let started = config.clock.instant();
+        let _span = crate::observe::span!("portcullis.store.open", dir = config.dir.display());
         #[cfg(feature = "fault-injection")]
         {
             config.vfs =
@@ -104,36 +110,33 @@ impl FileStore {
             report.rebuilt_by_full_scan = true;
             report.rebuild_reason.get_or_insert(why);
         };
-        let manifest = match container::read(&*vfs, &dir, MANIFEST, MANIFEST_MAGIC)
-            .and_then(|m| m.map(|env| decode_manifest(&env)).transpose())
-        {
-            Ok(m) => m,
-            Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
-            Err(e) => {
-                // Keep the damaged file as evidence; a fresh manifest is written after the
-                // rebuild. The damage it recorded is also in the newest snapshot.
-                let aside = dir.join(format!("{MANIFEST}.damaged"));
-                if let Err(e) = vfs.rename(&dir.join(MANIFEST), &aside) {
-                    log::warn!("could not move the damaged manifest aside: {e}");
-                }
-                rebuild(&mut report, format!("the manifest is unusable ({e})"));
-                damage.merge(damage::from_newest_snapshot(&*vfs, &dir));
-                None
+        let (manifest, set_aside) = match prior::read_manifest(&*vfs, &dir)? {
+            ManifestRead::Read(m) => (Some(m), false),
+            ManifestRead::Absent => (None, false),
+            ManifestRead::Damaged(e) => {
+                rebuild(&mut report, format!("the manifest is damaged ({e})"));
+                (None, true)
             }
         };
         let numbers = recovery::list_segments(&*vfs, &journal_dir)?;
+        if manifest.is_none() && (set_aside || !numbers.is_empty()) {
+            // A rebuild no manifest guides: the files left still know what the store refuses
+            // and which gaps compaction left on purpose (SPEC S4).
+            damage.merge(prior::known_without_manifest(&*vfs, &dir)?);
+        }
         let created = manifest.is_none() && numbers.is_empty() && !report.rebuilt_by_full_scan;
         report.created = created;
 
         let mut snapshot_name = None;
         let mut start = None;
-        let mut heads = HashMap::new();
+        let mut heads = HashMap::default();
         let mut base = None;
         // A snapshot of an older format is read whole and rewritten in the current one.
         let mut convert = false;
-        // Garbage made after the snapshot (at most `snapshot_every_bytes` of journal, unless the
-        // process crashed) and before a full-scan rebuild is not counted.
-        let mut garbage = 0;
+        // Scattered and dead bytes per segment. Those counted after the snapshot (at most
+        // `snapshot_every_bytes` of journal, unless the process crashed) and before a
+        // full-scan rebuild are not known.
+        let mut counts = Vec::new();
         if let Some(m) = &manifest {
             damage.merge(m.damage.clone());
         }
@@ -142,9 +145,9 @@ impl FileStore {
                 Ok(Some(snap)) => {
                     report.snapshot_bytes = snap.bytes;
                     report.snapshot_index_bytes = snap.index_bytes;
-                    let position = snap.position;
+                    let mut position = snap.position;
                     start = Some((position.segment, position.offset, position.next_lsn));
-                    garbage = position.garbage_bytes;
+                    counts = std::mem::take(&mut position.segments);
                     match snap.heads {
                         heads::Heads::Paged(pages) => base = Some(Arc::new(pages)),
                         heads::Heads::Listed(listed) => {
@@ -160,8 +163,13 @@ impl FileStore {
                     snapshot_name = Some(name);
                 }
                 Ok(None) => rebuild(&mut report, format!("heads snapshot {name} is missing")),
-                Err(e @ Error::UnsupportedVersion { .. }) => return Err(e),
-                Err(e) => rebuild(&mut report, format!("heads snapshot unusable ({e})")),
+                // Damage: the manifest still says what the store refuses and deleted.
+                Err(e @ Error::Corrupt { .. }) => rebuild(
+                    &mut report,
+                    format!("heads snapshot {name} is damaged ({e})"),
+                ),
+                // An I/O error says nothing about the file; a newer format is refused.
+                Err(e) => return Err(e),
             },
             None if !numbers.is_empty() && !report.rebuilt_by_full_scan => rebuild(
                 &mut report,
@@ -242,10 +250,18 @@ impl FileStore {
         let persisted = damage.clone();
         damage.merge(outcome.damage);
         report.refused = damage::describe(&damage);
+        if set_aside {
+            // Kept as evidence. Only now, just before the fresh manifest is written: an open
+            // that failed or was killed before this point leaves the manifest as it found it.
+            let aside = dir.join(prior::SET_ASIDE);
+            vfs.rename(&dir.join(MANIFEST), &aside)
+                .map_err(|e| io("setting the damaged manifest aside in", e))?;
+        }
 
         let journal = Journal::new(
             journal_dir,
             vfs.clone(),
+            config.clock.clone(),
             config.sync_policy,
             config.segment_bytes,
             outcome.tail,
@@ -255,17 +271,12 @@ impl FileStore {
         let journal = journal
             .with_pin_switch(config.reader_pin.clone())
             .with_sparse_steps(config.skip_syncs.contains(&SkipSync::ZeroFill));
-        let journal = Arc::new(journal);
+        let journal = Arc::new(journal.with_events(config.events.clone(), config.stall_threshold));
         let table = table::Table {
             base,
             overlay,
-            touched: HashMap::new(),
-        };
-        let syncer = match config.sync_policy {
-            SyncPolicy::PeriodicMayLoseRecent { interval_ms } => {
-                Some(spawn_periodic_syncer(journal.clone(), interval_ms))
-            }
-            _ => None,
+            touched: HashMap::default(),
+            ..Default::default()
         };
         // New damage is persisted at once: the next open may not scan where it was found.
         let needs_snapshot =
@@ -280,6 +291,15 @@ impl FileStore {
         #[cfg(not(feature = "fault-injection"))]
         let scatter_off = false;
         let scatter = scatter::Scatter::new(config.segment_bytes, scatter_off);
+        // The counts the snapshot kept, for the segments still there.
+        let space = space::Space::new(config.segment_bytes);
+        #[cfg(feature = "fault-injection")]
+        space.set_for_test(config.skip_reclaim_trigger, config.version_2_records);
+        let live: crate::sync::HashSet<u32> = journal.live_segments().into_iter().collect();
+        for (n, apart, dead) in counts.into_iter().filter(|(n, ..)| live.contains(n)) {
+            scatter.restore(n, apart);
+            space.add(n, dead);
+        }
         let inner = Arc::new(Inner {
             config,
             journal,
@@ -303,20 +323,27 @@ impl FileStore {
             batches: AtomicU64::new(0),
             loaded: AtomicU64::new(0),
             compactions: AtomicU64::new(0),
-            garbage_bytes: AtomicU64::new(garbage),
             scatter,
+            space,
             background: compaction::Background::default(),
             index_budget: unload::IndexBudget::default(),
+            folds: Default::default(),
             recent: values::RecentRecords::default(),
             pages: Default::default(),
-            syncer: Mutex::new(syncer),
+            syncer: Mutex::new(None),
+            handle: super::ops::handle_number(),
+            watch: Default::default(),
         });
         if needs_snapshot {
             // A new store gets its manifest at once; a rebuilt one gets a snapshot, so the
             // next open is fast again.
             inner.write_snapshot()?;
         }
-        report.elapsed = started.elapsed();
+        report.elapsed = inner
+            .config
+            .clock
+            .instant()
+            .saturating_duration_since(started);
         log::info!(
             "opened store {}: {} partitions, {} snapshot bytes, {} journal bytes scanned in {:?}",
             inner.config.dir.display(),
@@ -329,29 +356,89 @@ impl FileStore {
         Arc::get_mut(&mut inner)
             .expect("no other handle exists yet")
             .report = report;
+        // Started once the store is whole (it holds the store weakly).
+        if let SyncPolicy::PeriodicMayLoseRecent { interval_ms } = inner.config.sync_policy {
+            *inner.syncer.lock() = Some(spawn_periodic_syncer(&inner, interval_ms)?);
+        }
+        // Segments the snapshot found due (a load cut short by a close, or garbage left when
+        // the process stopped) are compacted now, in the background, rather than after the
+        // next commit: a store left alone settles by itself (SPEC S13).
+        let sealed = inner.journal.sealed_through();
+        if inner.config.auto_compact && compaction::maybe_due(&inner, sealed + 1) {
+            compaction::spawn(&inner);
+        }
+        // What open found, told now that the store is whole (SPEC E8).
+        super::watch::open_findings(&inner.config.events, &inner.report);
+        inner.deliver_in_background();
         Ok(FileStore { inner })
     }
 }
 
+/// The name of the periodic sync thread.
+const SYNC_THREAD: &str = "portcullis-sync";
+
 fn spawn_periodic_syncer(
-    journal: Arc<Journal>,
+    inner: &Arc<Inner>,
     interval_ms: u64,
-) -> crossbeam::channel::Sender<()> {
-    let (stop, stopped) = crossbeam::channel::bounded::<()>(0);
+) -> Result<crate::sync::channel::Sender<()>> {
+    let (stop, stopped) = crate::sync::channel::bounded::<()>(0);
     let interval = Duration::from_millis(interval_ms.max(1));
-    std::thread::Builder::new()
-        .name("portcullis-sync".into())
-        .spawn(move || {
+    let journal = inner.journal.clone();
+    let clock = inner.config.clock.clone();
+    // Weak: the thread must not keep the store open; dropping it closes the store and so
+    // drops the sender, which stops the thread.
+    let store = Arc::downgrade(inner);
+    inner
+        .config
+        .spawner
+        .thread(SYNC_THREAD, move || {
+            // A thread that unwinds says so: the store is degraded from then on (SPEC E8).
+            let _watch = EndWatch(store.clone());
             // Runs until the store drops its sender.
-            while let Err(crossbeam::channel::RecvTimeoutError::Timeout) =
-                stopped.recv_timeout(interval)
+            while let Err(crate::sync::channel::RecvTimeoutError::Timeout) =
+                clock::recv_timeout(&*clock, &stopped, interval)
             {
-                if let Err(e) = journal.sync_all() {
+                #[cfg(feature = "test-hooks")]
+                if store.upgrade().is_some_and(|s| {
+                    s.watch
+                        .kill_syncer
+                        .load(crate::sync::atomic::Ordering::Relaxed)
+                }) {
+                    panic!("the periodic sync thread was made to panic (a test)");
+                }
+                let synced = journal.sync_all();
+                if let Some(store) = store.upgrade() {
+                    store.deliver_in_background();
+                }
+                if let Err(e) = synced {
+                    // Latched: the store says it is degraded, and commits are refused.
                     log::warn!("periodic sync failed: {e}");
                     return;
                 }
             }
         })
-        .expect("spawning the periodic sync thread");
-    stop
+        .map_err(|e| Error::io("starting the periodic sync thread", e))
+        .map(drop)?;
+    Ok(stop)
+}
+
+/// Records, when the periodic sync thread unwinds, that it ended.
+struct EndWatch(std::sync::Weak<Inner>);
+
+impl Drop for EndWatch {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(store) = self.0.upgrade()
+        {
+            log::error!(
+                "the periodic sync thread panicked; commits are no longer synced on a timer"
+            );
+            store.thread_ended(
+                SYNC_THREAD,
+                "it panicked; commits are no longer synced on a timer (flush, or reopen the store)"
+                    .to_owned(),
+            );
+            store.deliver_in_background();
+        }
+    }
 }

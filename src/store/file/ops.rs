@@ -4,7 +4,7 @@
 //! May call: `Inner`'s read and commit paths, the format and partition modules, and the
 //! journal.
 
-use std::sync::atomic::Ordering;
+use crate::sync::atomic::Ordering;
 
 use super::format::{self, MAX_BODY_LEN, RecordKind, ValueLoc};
 use super::partition::{self, Pending, PendingOp};
@@ -19,6 +19,7 @@ impl Store for FileStore {
     fn get(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let inner = &self.inner;
         inner.check_open()?;
+        let _events = inner.deliver_after_call();
         check_key(key)?;
         let Some(state) = inner.readable(p)? else {
             return Ok(None);
@@ -32,7 +33,9 @@ impl Store for FileStore {
     fn get_for_update(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let inner = &self.inner;
         inner.check_open()?;
+        let _events = inner.deliver_after_call();
         check_key(key)?;
+        let _budget = inner.budget_after_call();
         let Some(state) = inner.part(p, false)? else {
             inner.check_absent(p)?;
             return Ok(None);
@@ -46,6 +49,7 @@ impl Store for FileStore {
     fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
         let inner = &self.inner;
         inner.check_open()?;
+        let _events = inner.deliver_after_call();
         for key in keys {
             check_key(key)?;
         }
@@ -72,6 +76,7 @@ impl Store for FileStore {
         cursor: Option<&Cursor>,
         limit: usize,
     ) -> Result<ScanPage> {
+        let _events = self.inner.deliver_after_call();
         let Some(page) = self.scan_page(p, range, cursor, limit)? else {
             return Ok(ScanPage::default());
         };
@@ -97,6 +102,7 @@ impl Store for FileStore {
         limit: usize,
         visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<()>,
     ) -> Result<Option<Cursor>> {
+        let _events = self.inner.deliver_after_call();
         let Some(page) = self.scan_page(p, range, cursor, limit)? else {
             return Ok(None);
         };
@@ -114,6 +120,7 @@ impl Store for FileStore {
     fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {
         let inner = &self.inner;
         inner.check_open()?;
+        let _events = inner.deliver_after_call();
         batch.validate_within(&self.limits())?;
         // The contract counts keys and values; the journal record also frames every operation
         // (a `DeleteRange` included). A record over the frame limit would be acknowledged and
@@ -129,6 +136,8 @@ impl Store for FileStore {
         if let Some(reason) = inner.journal.failed() {
             return Err(Error::SyncFailed(reason));
         }
+        // Every way out, committed or not, checks the budget once the state is let go.
+        let _budget = inner.budget_after_call();
         if inner.refuses_unknown.load(Ordering::Acquire) && inner.part(p, false)?.is_none() {
             inner.check_absent(p)?;
         }
@@ -146,11 +155,17 @@ impl Store for FileStore {
                     |key| inner.latest_value_in(&state, &commit, &view, key),
                 )?
             };
+            if batch.ops().is_empty() {
+                // Nothing to append, so nothing of its own to wait for; but its guards may have
+                // been decided by batches still waiting for their sync (SPEC S3).
+                let decided_by = commit.pending.back().map(|b| b.lsn);
+                drop(commit);
+                // Not a commit under way any more: a leader must not wait for its record.
+                drop(intent);
+                return inner.answer_guard_only(decided_by, refused.unwrap_or(Outcome::Committed));
+            }
             if let Some(outcome) = refused {
                 return Ok(outcome);
-            }
-            if batch.ops().is_empty() {
-                return Ok(Outcome::Committed);
             }
             let (body, value_offsets) =
                 format::encode_batch_body(p.as_bytes(), partition::head_of(&state), batch.ops());
@@ -181,7 +196,16 @@ impl Store for FileStore {
                 .collect();
             commit.pending.push_back(Pending { lsn, ops });
             state.appended_lsn.store(lsn, Ordering::Release);
-            commit.chain_len += 1;
+            // The chain holds the record; its values count as garbage when they are freed.
+            let values: usize = batch
+                .ops()
+                .iter()
+                .map(|op| match op {
+                    Op::Put(_, v) => v.len(),
+                    _ => 0,
+                })
+                .sum();
+            commit.chain.push(at, record_len - values as u64);
             (lsn, format::loc_segment(at))
         };
         #[cfg(feature = "fault-injection")]
@@ -205,7 +229,6 @@ impl Store for FileStore {
         durable?;
         inner.batches.fetch_add(1, Ordering::Relaxed);
         inner.after_commit(segment);
-        inner.unload_idle();
         Ok(Outcome::Committed)
     }
 
@@ -235,9 +258,24 @@ impl Store for FileStore {
         true
     }
 
+    /// The directory's lock keeps every other handle out while this one is open (SPEC S6); the
+    /// number was drawn at open.
+    fn exclusive_handle(&self) -> Option<u64> {
+        Some(self.inner.handle)
+    }
+
     fn stats(&self) -> StoreStats {
         let inner = &self.inner;
+        let watch = &inner.watch;
         StoreStats {
+            sync_latency: inner.journal.watch.latency.snapshot(),
+            stalls: inner.journal.watch.stalls.load(Ordering::Relaxed),
+            compactions_failed: watch.compactions_failed(),
+            compaction_running: inner.compaction_running.load(Ordering::Relaxed),
+            compaction_bytes_copied: watch.bytes_copied(),
+            compaction_bytes_removed: watch.bytes_removed(),
+            max_loaded_partitions: inner.config.max_loaded_partitions.map(|n| n as u64),
+            degraded: inner.degraded(),
             batches: inner.batches.load(Ordering::Relaxed),
             syncs: inner.journal.counters.syncs.load(Ordering::Relaxed),
             bytes_written: inner
@@ -249,13 +287,39 @@ impl Store for FileStore {
             partitions_loaded: inner.loaded.load(Ordering::Relaxed),
             segments: inner.journal.live_segments().len() as u64,
             compactions: inner.compactions.load(Ordering::Relaxed),
-            garbage_bytes: inner.garbage_bytes.load(Ordering::Relaxed),
+            garbage_bytes: inner.space.total(),
             indexes_dropped: inner.index_budget.unloaded.load(Ordering::Relaxed),
         }
     }
 
     fn close(&self) -> Result<()> {
         self.inner.close()
+    }
+
+    fn backup(&self, dest: &std::path::Path) -> Result<super::BackupReport> {
+        FileStore::backup(self, dest)
+    }
+}
+
+impl super::Inner {
+    /// Answers a batch with guards and no operations once the batches of its partition its
+    /// guards were checked against (the newest, `decided_by`, and every one before it) are
+    /// durable under the sync policy: an application checks a lease or a version this way
+    /// before an external side effect, and must not act on state a power cut could still take
+    /// away. If that sync fails the check is answered with its error, whatever its outcome.
+    fn answer_guard_only(&self, decided_by: Option<u64>, outcome: Outcome) -> Result<Outcome> {
+        #[cfg(feature = "fault-injection")]
+        if self
+            .config
+            .skip_syncs
+            .contains(&super::SkipSync::GuardOnlyWait)
+        {
+            return Ok(outcome);
+        }
+        if let Some(lsn) = decided_by {
+            self.journal.wait_durable(lsn)?;
+        }
+        Ok(outcome)
     }
 }
 
@@ -273,4 +337,25 @@ impl FileStore {
         check_limit(limit)?;
         self.inner.read_page(p, &range.resuming(cursor), limit)
     }
+}
+
+/// A number for a handle opened now: distinct for every handle this process opens (a counter),
+/// and, through a random number drawn once per process, practically never equal to one of
+/// another process. Never 0.
+pub(super) fn handle_number() -> u64 {
+    if let Some(n) = crate::sync::simulated_unique() {
+        return n;
+    }
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::AtomicU64; // seams: not shared (a process-wide counter)
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static OPENED: AtomicU64 = AtomicU64::new(0);
+    let seed = *SEED.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.finish()
+    });
+    let n = OPENED.fetch_add(1, Ordering::Relaxed);
+    // An odd multiplier is a bijection on u64: distinct counts give distinct numbers.
+    (seed ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)).max(1)
 }

@@ -13,19 +13,23 @@
 //! any number of segments needs no more descriptors than the store's bounded table holds. A
 //! file is held for good once it changes.
 //!
+//! One call reaches the disk for real: [`Vfs::hard_link`] of a file the overlay has not changed,
+//! which gives it a second name outside the store (a backup of a store no process has open).
+//!
 //! The directory lock (SPEC S6) is taken for real, on the existing lock file opened for
 //! reading: a store another process has open is refused with `Locked` (its files are changing
 //! under it), and while the overlay holds the lock no process can take the store over. A lock
 //! file that does not exist is not created.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use crate::sync::{HashMap, HashSet};
+use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use super::vfs::{OpenMode, PathKind, Vfs, VfsFile, VfsLock};
 
@@ -352,6 +356,27 @@ impl Vfs for OverlayFs {
         state.removed.remove(to);
         Self::hold(&mut state, to, file);
         Ok(())
+    }
+
+    /// Links the file on disk only while the overlay has not changed it (nor made, renamed or
+    /// removed it): then the disk's bytes are the overlay's. A changed file answers
+    /// `Unsupported`, so a backup copies the overlay's bytes instead. The new name is made on
+    /// disk for real: this serves only a backup of the store into another directory.
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let state = self.state.lock();
+        if state.removed.contains(from) {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+        if state.files.contains_key(from) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{} was changed in memory; the disk does not hold what it reads",
+                    from.display()
+                ),
+            ));
+        }
+        std::fs::hard_link(from, to)
     }
 
     fn sync_dir(&self, _dir: &Path) -> io::Result<()> {

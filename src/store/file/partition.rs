@@ -4,10 +4,10 @@
 //! Lock order inside a partition: `commit` (serialises writers) before `view` (what readers
 //! see). Readers take only `view`. Never hold either while waiting for another partition.
 
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 
 use super::format::{self, FRAME_LEN, JournalOp, Loc, ValueLoc};
 use crate::error::Error;
@@ -40,11 +40,12 @@ pub struct PartState {
     /// and clear it on a miss, so reads of a partition loaded long ago, or whose load cached
     /// nothing, never touch the shared cache.
     pub warm: AtomicBool,
-    /// Whether the heads snapshot open read holds this partition (counting partitions).
-    pub in_base: bool,
-    /// Whether `head` was taken from that snapshot's pages: while `head_lsn` is 0 it is still
-    /// the snapshot's, and dropping the index need not remember it.
-    pub from_base: bool,
+    /// Whether the table's current snapshot pages hold this partition (counting partitions).
+    /// Changed only under the table's write lock, when a snapshot's heads are folded back.
+    pub in_base: AtomicBool,
+    /// The head those pages hold for it (0: none): while `head` is still this one, dropping
+    /// the index need not remember it. Changed only under the table's write lock.
+    pub base_head: AtomicU64,
     pub commit: Mutex<CommitState>,
     pub view: RwLock<View>,
 }
@@ -54,8 +55,56 @@ pub struct CommitState {
     /// Committed-but-not-yet-durable batches, oldest first. Writers check preconditions against
     /// these (so a hot partition commits at group-commit speed); readers never see them.
     pub pending: VecDeque<Pending>,
-    /// Records in the chain since (and including) the newest base record.
-    pub chain_len: u32,
+    /// The records a load of this partition walks: those since (and including) its newest
+    /// base.
+    pub chain: Chain,
+}
+
+/// The records of a partition's chain since (and including) its newest base: how many, and
+/// their bytes by segment besides the values in them (a value counts as garbage when it is
+/// overwritten or deleted; the rest of these bytes once the next base supersedes them).
+/// Complete: every record a load walks is here (compaction relies on it to leave alone a
+/// partition that needs none of its victims; see `compaction`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chain {
+    /// Records (a base run counts once), for the base interval.
+    pub len: u32,
+    /// Bytes by segment, in chain order, a run of records in one segment merged.
+    bytes: Vec<(u32, u64)>,
+}
+
+impl Chain {
+    /// A record at `at` joined the chain, `bytes` of it besides its values.
+    pub fn push(&mut self, at: Loc, bytes: u64) {
+        self.len += 1;
+        self.note(at, bytes);
+    }
+
+    /// Bytes of a record at `at` joined the chain without counting as a record of it (the
+    /// later parts of a base run).
+    pub fn note(&mut self, at: Loc, bytes: u64) {
+        let segment = format::loc_segment(at);
+        match self.bytes.last_mut() {
+            Some((s, b)) if *s == segment => *b += bytes,
+            _ => self.bytes.push((segment, bytes)),
+        }
+    }
+
+    /// Whether a record of the chain lies in one of `segments`.
+    pub fn passes_through(&self, segments: &crate::sync::HashSet<u32>) -> bool {
+        self.bytes.iter().any(|(s, _)| segments.contains(s))
+    }
+
+    /// The chain a new base starts: the base's records only. Returns the bytes of the chain
+    /// it supersedes (garbage from now on).
+    pub fn restart(&mut self, base: &[(Loc, u64)]) -> Vec<(u32, u64)> {
+        let old = std::mem::take(&mut self.bytes);
+        self.len = 1;
+        for &(at, bytes) in base {
+            self.note(at, bytes);
+        }
+        old
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,7 +142,9 @@ pub enum Lookup {
 }
 
 impl PartState {
-    pub fn new(name: Partition, head: Loc, in_base: bool, from_base: bool) -> Self {
+    /// A state whose newest record is `head` (0: none); `base_head` is the head the table's
+    /// snapshot pages hold for it (0: none).
+    pub fn new(name: Partition, head: Loc, in_base: bool, base_head: Loc) -> Self {
         let hash = format::partition_hash(name.as_bytes());
         PartState {
             name,
@@ -105,12 +156,12 @@ impl PartState {
             folded_lsn: AtomicU64::new(0),
             last_touch: AtomicU64::new(0),
             warm: AtomicBool::new(false),
-            in_base,
-            from_base,
+            in_base: AtomicBool::new(in_base),
+            base_head: AtomicU64::new(base_head),
             commit: Mutex::new(CommitState {
                 load: Load::NotLoaded,
                 pending: VecDeque::new(),
-                chain_len: 0,
+                chain: Chain::default(),
             }),
             view: RwLock::new(View::default()),
         }
@@ -147,23 +198,24 @@ impl CommitState {
     }
 }
 
-/// Applies one batch's effect to an index; returns the bytes of values it made unreachable.
+/// Applies one batch's effect to an index; hands `freed` the location of each value it made
+/// unreachable and the bytes that frees (a removed key's with its value's).
 pub fn apply_to_index<K: AsRef<[u8]>>(
     index: &mut Index,
     ops: impl IntoIterator<Item = IndexOp<K>>,
-) -> u64 {
-    let mut freed = 0u64;
+    mut freed: impl FnMut(Loc, u64),
+) {
     for op in ops {
         match op {
             IndexOp::Put(k, v) => {
                 if let Some(old) = index.insert(k.as_ref(), v) {
-                    freed += old.len as u64;
+                    freed(old.at, old.len as u64);
                 }
             }
             IndexOp::Delete(k) => {
                 let k = k.as_ref();
                 if let Some(old) = index.remove(k) {
-                    freed += old.len as u64 + k.len() as u64;
+                    freed(old.at, old.len as u64 + k.len() as u64);
                 }
             }
             IndexOp::DeleteRange(r) => {
@@ -171,12 +223,11 @@ pub fn apply_to_index<K: AsRef<[u8]>>(
                     continue;
                 }
                 index.remove_range(r.as_bounds(), |k, old| {
-                    freed += old.len as u64 + k.len() as u64;
+                    freed(old.at, old.len as u64 + k.len() as u64);
                 });
             }
         }
     }
-    freed
 }
 
 /// One operation on an index. The key is owned when it comes from a pending batch and

@@ -11,7 +11,7 @@
 //! to take or put a buffer: never while a buffer is emptied or dropped, nor while user code
 //! runs.
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 /// Most buffers kept: one per reader running at once on a small machine, a few more for
 /// bursts; a reader that finds none allocates one.

@@ -5,8 +5,8 @@
 //! May call: the chain, journal, values and partition modules; records refusals in the
 //! store's damage.
 
+use crate::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 #[cfg(feature = "fault-injection")]
 use super::SkipSync;
@@ -107,19 +107,20 @@ impl Inner {
             state,
             partition::head_of(state),
         )
-        .and_then(|(index, chain_len)| {
+        .and_then(|(index, chain)| {
             // Every segment a value lives in must be there with an intact header: open
             // checked only the ones it scanned, so a damaged one is found here, and refuses
             // the partition like a damaged chain (SPEC S4).
             self.check_value_segments(&index)?;
-            Ok((index, chain_len))
+            Ok((index, chain))
         });
         match loaded {
-            Ok((index, chain_len)) => {
+            Ok((index, chain)) => {
                 let mut view = state.view.write();
                 view.index = index;
                 view.loaded = true;
-                commit.chain_len = chain_len;
+                let chain_len = chain.len;
+                commit.chain = chain;
                 commit.load = Load::Loaded;
                 self.loaded.fetch_add(1, Ordering::Relaxed);
                 log::debug!(

@@ -8,13 +8,14 @@
 //! copies are dead). A sealed segment is *due* once those two together reach half of the
 //! segment size: a journal appended round-robin over many partitions is due segment by
 //! segment, while one whose partitions append in runs (or that compaction wrote) is never due,
-//! so an already clustered store is left alone. Segments sealed before open are not counted
-//! (see docs/DESIGN.md, "Compaction").
+//! so an already clustered store is left alone. The counts are kept with every heads
+//! snapshot, so a load cut by a restart is still compacted after it; what was counted after
+//! the newest snapshot is lost in a crash (see docs/DESIGN.md, "Compaction").
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use crate::sync::HashMap;
+use crate::sync::atomic::{AtomicU32, Ordering};
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use super::format::{Loc, loc_segment};
 use super::values::MERGE_GAP;
@@ -81,6 +82,13 @@ impl Scatter {
         }
     }
 
+    /// A count a heads snapshot kept for `segment`.
+    pub fn restore(&self, segment: u32, bytes: u64) {
+        if bytes > 0 {
+            self.add(segment, bytes);
+        }
+    }
+
     /// Compaction moved `bytes` of live values out of `segment` (their old copies are dead).
     pub fn note_moved(&self, segment: u32, bytes: u64) {
         self.add(segment, bytes);
@@ -101,6 +109,14 @@ impl Scatter {
             .collect();
         due.sort_unstable();
         due
+    }
+
+    /// Every segment's count, by segment number (what a heads snapshot keeps).
+    pub fn counts(&self) -> Vec<(u32, u64)> {
+        let mut counts: Vec<(u32, u64)> =
+            self.segments.lock().iter().map(|(&n, &b)| (n, b)).collect();
+        counts.sort_unstable();
+        counts
     }
 
     /// Stops counting `segments` (compaction took them: deleted, or kept as evidence).

@@ -24,7 +24,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 
 use super::format::{self, SEGMENT_HEADER_LEN};
 use super::journal::{Segment, segment_file_name};

@@ -2,9 +2,10 @@
 //! open read is damaged.
 //!
 //! May call: the heads, container and journal modules (pausing appends to take a consistent
-//! position); takes the partition table for reading.
+//! position) and the fold ([`fold`](super::fold)); takes the partition table for reading, and
+//! for writing when the written heads are folded back.
 
-use std::sync::atomic::Ordering;
+use crate::sync::atomic::Ordering;
 
 use super::{Inner, MANIFEST, MANIFEST_MAGIC, Manifest, SnapshotState, container, heads};
 use crate::error::{Error, Result};
@@ -32,11 +33,9 @@ impl Inner {
         }
         // The heads that differ from the pages open read, at one journal position; the pages
         // never change, so they are merged in after the pause.
-        let (segment, offset, next_lsn, (changed, garbage_bytes)) =
-            self.journal.with_appends_paused(|| {
-                let changed = self.table.read().changed();
-                (changed, self.garbage_bytes.load(Ordering::Relaxed))
-            });
+        let (segment, offset, next_lsn, changed) = self
+            .journal
+            .with_appends_paused(|| self.table.read().changed());
         // Every head must point at a durable record before the snapshot names it.
         self.journal.sync_all()?;
         let position = heads::Position {
@@ -44,7 +43,8 @@ impl Inner {
             offset,
             next_lsn,
             damage: damage.clone(),
-            garbage_bytes,
+            garbage_bytes: self.space.total(),
+            segments: self.segment_counts(),
         };
         let name = format!("heads-{next_lsn:020}.snap");
         let vfs = &*self.config.vfs;
@@ -67,6 +67,8 @@ impl Inner {
         )?;
         // Lookups still read the pages of the file open read, through the handle open keeps,
         // which a removed file's name does not affect.
+        // The heads it holds leave memory (it is durable and the manifest names it).
+        self.fold_back(&name, base.as_ref(), &changed);
         if let Some(old) = state.newest.replace(name.clone())
             && old != name
         {
@@ -79,6 +81,7 @@ impl Inner {
             .store(bytes_before, Ordering::Relaxed);
         state.current_at = Some(bytes_before);
         state.damage_on_disk = damage;
+        self.snapshot_written();
         log::debug!("wrote heads snapshot {name} ({partitions} partitions)");
         Ok(())
     }
@@ -108,6 +111,7 @@ impl Inner {
             },
         )?;
         if !state.abandoned {
+            self.snapshots_stopped();
             log::warn!(
                 "a page of the heads snapshot is damaged; the manifest names no snapshot now, so the next open rebuilds the heads from the journal"
             );

@@ -5,15 +5,19 @@
 //!   dropped), with its live head;
 //! - `overlay`: heads newer than the snapshot's pages, found by open's journal scan after the
 //!   snapshot or kept when an idle index was dropped;
-//! - `base`: the pages of the heads snapshot open read
-//!   ([`heads::Pages`](super::heads::Pages)), looked up on a partition's first touch with one
-//!   page read, never held in memory (SPEC S5, S8).
+//! - `base`: the pages of the newest heads snapshot ([`heads::Pages`](super::heads::Pages)):
+//!   the one open read, then each one the store writes (see [`fold`](super::fold), which
+//!   folds the heads a snapshot wrote out of the overlay), looked up on a partition's first
+//!   touch with one page read, never held in memory (SPEC S5, S8).
 //!
 //! A lookup asks them in that order; listing merges them in name order. Page reads happen with
-//! the table's lock released (the pages never change), and the result is re-checked under the
-//! write lock before a state is created, so a partition is never created twice.
+//! the table's lock released (a snapshot's pages never change), and the result is re-checked
+//! under the write lock before a state is created, so a partition is never created twice: if
+//! the table changed pages meanwhile (`generation`), the lookup starts again.
 
-use std::collections::{BTreeSet, HashMap};
+use crate::sync::HashMap;
+use crate::sync::atomic::Ordering;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::format::Loc;
@@ -35,6 +39,9 @@ pub(super) struct Table {
     pub base: Option<Arc<Pages>>,
     pub overlay: HashMap<Box<[u8]>, Known>,
     pub touched: HashMap<Box<[u8]>, Arc<PartState>>,
+    /// Bumped each time `base` changes, so a lookup that read pages with the lock released
+    /// knows whether what it read is still the table's.
+    pub generation: u64,
 }
 
 impl Table {
@@ -45,7 +52,7 @@ impl Table {
         let touched = self
             .touched
             .values()
-            .filter(|s| !s.in_base && partition::head_of(s) != 0)
+            .filter(|s| !s.in_base.load(Ordering::Relaxed) && partition::head_of(s) != 0)
             .count();
         base + (overlay + touched) as u64
     }
@@ -126,36 +133,46 @@ impl Inner {
     /// A damaged snapshot page that could hold `p` refuses it.
     pub(super) fn part(&self, p: &Partition, create: bool) -> Result<Option<Arc<PartState>>> {
         let name = p.as_bytes();
-        let base = {
-            let table = self.table.read();
+        loop {
+            let (base, generation) = {
+                let table = self.table.read();
+                if let Some(state) = table.touched.get(name) {
+                    self.touched(state);
+                    return Ok(Some(state.clone()));
+                }
+                let base = match table.overlay.contains_key(name) {
+                    true => None,
+                    false => table.base.clone(),
+                };
+                (base, table.generation)
+            };
+            // One page read, with no lock held.
+            let in_base = match &base {
+                Some(base) => self.in_base(base, name)?,
+                None => None,
+            };
+            #[cfg(feature = "test-hooks")]
+            self.folds.between_lookups(name);
+            let mut table = self.table.write();
             if let Some(state) = table.touched.get(name) {
-                self.touched(state);
                 return Ok(Some(state.clone()));
             }
-            match table.overlay.contains_key(name) {
-                true => None,
-                false => table.base.clone(),
+            // The pages changed meanwhile, and with them the overlay (a snapshot folded heads
+            // out of it): what was read above may be stale, so look again.
+            if table.generation != generation && self.folds.recheck() {
+                continue;
             }
-        };
-        // One page read, with no lock held.
-        let in_base = match &base {
-            Some(base) => self.in_base(base, name)?,
-            None => None,
-        };
-        let mut table = self.table.write();
-        if let Some(state) = table.touched.get(name) {
-            return Ok(Some(state.clone()));
+            let (head, in_base, base_head) = match (table.overlay.remove(name), in_base) {
+                (Some(known), _) => (known.head, known.in_base, 0),
+                (None, Some(head)) => (head, true, head),
+                (None, None) if create => (0, false, 0),
+                (None, None) => return Ok(None),
+            };
+            let state = Arc::new(PartState::new(p.clone(), head, in_base, base_head));
+            self.touched(&state);
+            table.touched.insert(Box::from(name), state.clone());
+            return Ok(Some(state));
         }
-        let (head, in_base, from_base) = match (table.overlay.remove(name), in_base) {
-            (Some(known), _) => (known.head, known.in_base, false),
-            (None, Some(head)) => (head, true, true),
-            (None, None) if create => (0, false, false),
-            (None, None) => return Ok(None),
-        };
-        let state = Arc::new(PartState::new(p.clone(), head, in_base, from_base));
-        self.touched(&state);
-        table.touched.insert(Box::from(name), state.clone());
-        Ok(Some(state))
     }
 
     /// Looks `name` up in the snapshot's pages. A damaged page is refused, and the first time
@@ -219,8 +236,7 @@ impl FileStore {
     #[doc(hidden)]
     pub fn set_snapshot_page_checks_off_for_test(&self, off: bool) {
         if let Some(base) = &self.inner.table.read().base {
-            base.unchecked
-                .store(off, std::sync::atomic::Ordering::Relaxed);
+            base.unchecked.store(off, Ordering::Relaxed);
         }
     }
 
@@ -229,7 +245,6 @@ impl FileStore {
     #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub fn write_version_2_heads_snapshot_for_test(&self) -> Result<()> {
-        use std::sync::atomic::Ordering;
         let inner = &self.inner;
         let mut state = inner.snapshot.lock();
         let bytes_before = inner
@@ -258,7 +273,8 @@ impl FileStore {
             offset,
             next_lsn,
             damage: damage.clone(),
-            garbage_bytes: inner.garbage_bytes.load(Ordering::Relaxed),
+            garbage_bytes: inner.space.total(),
+            segments: Vec::new(),
         };
         let name = format!("heads-{next_lsn:020}.snap");
         let (vfs, dir) = (&*inner.config.vfs, &inner.config.dir);

@@ -4,10 +4,12 @@
 //! each touch's place in least-recently-touched order, and the unload itself.
 //!
 //! Unloading moves a partition from the table's `touched` map back to what open knows of a
-//! partition nobody has touched: if its head is still the one the heads snapshot's pages hold,
-//! nothing at all; otherwise its name and head in the table's overlay. Its next touch loads its
-//! index again from its chain. A partition is
-//! unloaded only if it is idle, which is decided under the table's write lock:
+//! partition nobody has touched: if it has no record (a state an `apply` that did not commit
+//! made) or its head is still the one the table's snapshot pages hold, nothing at all;
+//! otherwise its name and head in the table's overlay (which the next heads snapshot folds
+//! back into its pages: see [`fold`](super::fold)). Its next touch loads its index again from
+//! its chain. A partition is unloaded only if it is idle, which is decided under the table's
+//! write lock:
 //! - nobody else holds its state (`Arc::strong_count` is 1). Every user (a reader holding a
 //!   value location, a writer between append and fold, compaction rewriting it) holds the
 //!   state, and a state is only ever cloned out of the table under the table's lock, so nobody
@@ -15,16 +17,18 @@
 //! - no batch of it waits to become durable or visible (`pending` is empty), and the record
 //!   its head names (a base record is written without waiting) is visible in the journal, so
 //!   a reload reads the whole chain from the files;
-//! - it is loaded, not refused (a refusal is kept by the damage record anyway) and has a
-//!   committed record (a head).
+//! - it is loaded, not refused (a refusal is kept by the damage record anyway).
 //!
 //! When more indexes are loaded than the budget, the caller that found it so (after its read
-//! or batch, holding no partition lock) unloads the least recently touched idle ones down to
-//! three quarters of the budget, in one pass over the loaded partitions: a pass per quarter of
-//! the budget's loads, so O(1) per load amortised.
+//! or batch, committed or not, holding no partition lock) unloads the least recently touched
+//! idle ones down to three quarters of the budget, in one pass over the loaded partitions: a
+//! pass per quarter of the budget's loads, so O(1) per load amortised. A pass that cannot get
+//! back within the budget (more partitions in use at once than it allows) keeps the next one
+//! from starting before another quarter of the budget's touches, so calls do not each look at
+//! every loaded state meanwhile.
 
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::partition::{self, Load, PartState};
 use super::table::Known;
@@ -37,8 +41,14 @@ pub(super) struct IndexBudget {
     touches: AtomicU64,
     /// Set while a thread unloads (one at a time; others go on).
     unloading: AtomicBool,
+    /// The touch before which no pass starts (set by a pass that left more loaded than the
+    /// budget; 0: none).
+    next_pass: AtomicU64,
     /// Indexes dropped since open.
     pub(super) unloaded: AtomicU64,
+    /// Loaded states looked at by passes since open (a test checks a call's share stays
+    /// bounded).
+    examined: AtomicU64,
     /// Test-only negative control: unload partitions that are in use too.
     #[cfg(feature = "test-hooks")]
     pub(super) unguarded: AtomicBool,
@@ -47,7 +57,23 @@ pub(super) struct IndexBudget {
     pub(super) before_visible: AtomicBool,
 }
 
+/// Checks the budget when dropped: made at the start of a call, before it takes any state, so
+/// the check runs after the call has let go of them, whichever way it returns (an `apply` that
+/// did not commit loads a partition too).
+pub(super) struct CheckAfter<'a>(&'a Inner);
+
+impl Drop for CheckAfter<'_> {
+    fn drop(&mut self) {
+        self.0.unload_idle();
+    }
+}
+
 impl Inner {
+    /// A check of the budget when the returned value is dropped (see [`CheckAfter`]).
+    pub(super) fn budget_after_call(&self) -> CheckAfter<'_> {
+        CheckAfter(self)
+    }
+
     /// Records a touch of a partition (its place in least-recently-touched order).
     pub(super) fn touched(&self, state: &PartState) {
         if self.config.max_loaded_partitions.is_some() {
@@ -67,6 +93,10 @@ impl Inner {
             return;
         }
         let budget = &self.index_budget;
+        let now = budget.touches.load(Ordering::Relaxed);
+        if now < budget.next_pass.load(Ordering::Relaxed) {
+            return;
+        }
         if budget.unloading.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -76,6 +106,9 @@ impl Inner {
         let visible = self.journal.visible_lsn();
         let mut table = self.table.write();
         let excess = self.loaded.load(Ordering::Relaxed).saturating_sub(target) as usize;
+        budget
+            .examined
+            .fetch_add(table.touched.len() as u64, Ordering::Relaxed);
         let mut stamps: Vec<u64> = table
             .touched
             .values()
@@ -102,11 +135,12 @@ impl Inner {
                 let Some((name, state)) = table.touched.remove_entry(&name) else {
                     continue;
                 };
-                // A head still the one the snapshot's pages hold needs no entry; any other
-                // is kept in the overlay, which wins over the pages.
-                if !(state.from_base && state.head_lsn.load(Ordering::Acquire) == 0) {
-                    let head = partition::head_of(&state);
-                    let in_base = state.in_base;
+                // No record (an apply that did not commit made the state), or a head still
+                // the one the snapshot's pages hold, needs no entry; any other is kept in the
+                // overlay, which wins over the pages.
+                let head = partition::head_of(&state);
+                if head != 0 && head != state.base_head.load(Ordering::Relaxed) {
+                    let in_base = state.in_base.load(Ordering::Relaxed);
                     table.overlay.insert(name, Known { head, in_base });
                 }
                 left -= 1;
@@ -115,6 +149,14 @@ impl Inner {
                 dropped.push(state);
             }
         }
+        // Still over: too many in use at once. Wait for another quarter of the budget's
+        // touches before looking at every loaded state again.
+        let next = match self.loaded.load(Ordering::Relaxed) > max {
+            true => now + max / 4 + 1,
+            false => 0,
+        };
+        budget.next_pass.store(next, Ordering::Relaxed);
+        self.note_overlay(table.overlay.len());
         drop(table);
         if !dropped.is_empty() {
             log::debug!(
@@ -139,7 +181,9 @@ impl Inner {
         } else {
             visible
         };
-        if partition::head_of(state) == 0 || state.head_lsn.load(Ordering::Acquire) > visible {
+        // A state with no record (head 0) is idle on the same terms: nothing of it is in the
+        // files, and its next touch finds nothing, as if it had never been touched.
+        if state.head_lsn.load(Ordering::Acquire) > visible {
             return false;
         }
         #[cfg(feature = "test-hooks")]
@@ -158,6 +202,13 @@ impl Inner {
 }
 
 impl FileStore {
+    /// Test hook: loaded partition states looked at by dropping passes since open.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn unload_examined_for_test(&self) -> u64 {
+        self.inner.index_budget.examined.load(Ordering::Relaxed)
+    }
+
     /// Test-only negative control: dropping idle indexes also drops partitions in use (a
     /// reader or writer holds them, a batch waits to become durable), so tests can show they
     /// catch the writes this loses.

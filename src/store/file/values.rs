@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use crate::sync::RwLock;
 
 use super::format::{Loc, ValueLoc, loc_segment};
 use super::journal::{Journal, value_damage};

@@ -11,7 +11,7 @@
 //! over an overlay that holds an unchanged file only while a handle on it lives), so a journal
 //! of any number of segments is inspected within a small descriptor limit.
 
-use std::collections::HashMap;
+use crate::sync::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -209,7 +209,7 @@ fn check_files(dir: &Path, fs: OverlayFs) -> Result<FileCheck> {
                 None,
                 None,
                 recovery::Known {
-                    heads: HashMap::new(),
+                    heads: HashMap::default(),
                     pages: None,
                 },
                 &known,

@@ -71,8 +71,20 @@ pub trait Vfs: Send + Sync + Debug {
     fn kind(&self, path: &Path) -> io::Result<Option<PathKind>>;
     /// Removes a file.
     fn remove(&self, path: &Path) -> io::Result<()>;
-    /// Atomically renames a file over another.
+    /// Atomically renames a file over another, or a directory (with everything in it) to a
+    /// name that does not exist.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Gives the file `from` a second name `to` (a hard link), which must not exist; durable
+    /// once `to`'s directory is synced. Both names share the file's bytes, so the store links
+    /// only files nothing writes again. A file layer that cannot link answers `Unsupported`
+    /// (the default); `CrossesDevices` when the two names are on different file systems.
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let _ = (from, to);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this file layer cannot link files",
+        ))
+    }
     /// Makes the directory's entries (creations, renames, removals) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// Takes an exclusive lock on `path` (created if missing) without waiting.
@@ -161,6 +173,10 @@ impl Vfs for OsFs {
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         std::fs::rename(from, to)
+    }
+
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::hard_link(from, to)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {

@@ -2,6 +2,8 @@
 //!
 //! Plain data: owns these two types and calls nothing.
 
+use crate::observe::{Degraded, LatencyStats};
+
 /// What became of a batch (SPEC S2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
@@ -51,7 +53,30 @@ pub struct StoreStats {
     pub segments: u64,
     /// Compactions completed since open.
     pub compactions: u64,
-    /// Estimated bytes of overwritten and deleted values that compaction could reclaim. The
-    /// file store keeps the estimate across restarts; 0 for backends without compaction.
+    /// Estimated bytes of journal nothing needs any more, which compaction could reclaim: values
+    /// overwritten, deleted or copied elsewhere, and records a newer base superseded. The file
+    /// store counts them per segment and keeps the counts across restarts; 0 for backends
+    /// without compaction.
     pub garbage_bytes: u64,
+    /// How long each journal `fdatasync` of a commit took (those of a new segment's header and
+    /// of a zero-filled step are counted in `syncs` but not timed here); empty for backends
+    /// without a journal (SPEC E8).
+    pub sync_latency: LatencyStats,
+    /// Commit stalls since open: journal syncs, or a group-commit leader's waits for the
+    /// commits under way, that took longer than the store's stall threshold.
+    pub stalls: u64,
+    /// Compactions that failed since open (their segments stay due).
+    pub compactions_failed: u64,
+    /// Whether a compaction runs in the background now.
+    pub compaction_running: bool,
+    /// Bytes of live values compactions copied since open.
+    pub compaction_bytes_copied: u64,
+    /// Bytes of segment files compactions deleted since open.
+    pub compaction_bytes_removed: u64,
+    /// The budget `partitions_loaded` is held to, if one is set (SPEC S8).
+    pub max_loaded_partitions: Option<u64>,
+    /// Why the store is degraded, if it is (SPEC E8): a latched sync failure, a background
+    /// thread that ended, snapshots stopped by a damaged page, a failed background snapshot
+    /// or compaction. A store failing in the background never reports `None`.
+    pub degraded: Option<Degraded>,
 }

@@ -8,7 +8,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::model::{FileId, FileWrite, normalize};
+use super::disk::normalize;
+use super::model::{FileId, FileWrite};
 use super::{Access, FaultFs, begin, fault_rng};
 use super::{OpenMode, PathKind, Vfs, VfsFile, VfsLock};
 
@@ -104,6 +105,14 @@ impl Vfs for FaultFs {
             format!("rename {} -> {}", show(from), show(to))
         })?;
         state.disk.rename(from, to)
+    }
+
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut state = self.shared.lock();
+        begin(&mut state, Access::Write, || {
+            format!("hard_link {} -> {}", show(from), show(to))
+        })?;
+        state.disk.link(from, to)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -208,6 +217,7 @@ impl VfsFile for FaultFile {
             offset,
             bytes: buf.to_vec(),
         });
+        state.written += buf.len() as u64;
         Ok(())
     }
 

@@ -8,10 +8,11 @@
 //! found; [`SkipSync::ValueSegmentCheck`] (a check of a load) and [`SkipSync::FoundNothingCheck`]
 //! (open's check that it found nothing to sync) are turned off by the store, and so is
 //! [`SkipSync::EmptyTailCheck`] (open's check that the tail held a record);
-//! [`SkipSync::ZeroFill`] is the journal's zero fill of new space, turned off in the journal.
+//! [`SkipSync::ZeroFill`] is the journal's zero fill of new space, turned off in the journal;
+//! [`SkipSync::GuardOnlyWait`] is `apply`'s wait before it answers a guard-only batch.
 //! [`PinSwitch`] turns off a guard rather than a sync: the journal's reader pin.
 
-use std::collections::HashSet;
+use crate::sync::HashSet;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -61,6 +62,33 @@ pub enum SkipSync {
     /// takes one record more as proven durable than the frames prove, so a record that a
     /// killed or failed sync left only in the page cache is served but never made durable.
     ProofBound,
+    /// Not a sync but compaction's choice of victims: with this switch it takes every segment
+    /// below the one appends go to, as soon as an appender moves on, instead of only those the
+    /// group-commit leader has sealed (every record written, the segment trimmed and synced).
+    /// A record still queued for the newest of them is then not found by compaction's read of
+    /// the segment, which is deleted with the record in it.
+    SealedVictims,
+    /// Not a sync but `apply`'s wait, for a batch with guards and no operations, until every
+    /// batch of its partition its guards were checked against (committed, maybe not yet
+    /// durable) is durable: with this switch it is answered at once, on state a power cut can
+    /// still take away.
+    GuardOnlyWait,
+    /// Not a sync but a backup's hold on compaction's lock from its point until every journal
+    /// segment it takes is linked or copied: with this switch compaction may delete a segment
+    /// the backup has yet to take.
+    BackupCompactionLock,
+    /// Not a sync but a backup's rule that its destination appears whole or not at all: with
+    /// this switch the backup writes straight into the destination instead of into a
+    /// directory beside it that is renamed into place once everything in it is synced.
+    BackupRename,
+    /// The `fdatasync` of every file a backup copies (the journal's tail, the manifest, and
+    /// whatever could not be linked).
+    BackupFileSyncs,
+    /// The syncs of a backup's directories (their links, copies and subdirectory) before the
+    /// backup is renamed into place.
+    BackupDirectorySyncs,
+    /// The sync of the destination's parent directory after the backup is renamed into place.
+    BackupParentSync,
 }
 
 /// A [`Vfs`] that skips the chosen syncs of the store in `dir`.
@@ -147,6 +175,9 @@ impl Vfs for SkippingVfs {
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.inner.rename(from, to)
+    }
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.hard_link(from, to)
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let outside = !dir.starts_with(&self.dir);

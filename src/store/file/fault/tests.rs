@@ -456,3 +456,97 @@ fn a_fork_keeps_unsynced_state_and_is_independent() {
     assert!(outcomes(&fork).contains(&Some(Vec::new())));
     drop(fork.try_lock(p("/d/LOCK")).unwrap());
 }
+
+#[test]
+fn a_hard_link_shares_the_file_and_is_durable_once_its_directory_is_synced() {
+    let fs = disk_with_file();
+    let f = fs.open(p("/d/f"), OpenMode::ReadWrite).unwrap();
+    f.write_all_at(b"sealed", 0).unwrap();
+    f.sync_data().unwrap();
+    fs.create_dir_all(p("/e")).unwrap();
+    fs.sync_dir(p("/")).unwrap();
+    fs.hard_link(p("/d/f"), p("/e/g")).unwrap();
+    assert_eq!(
+        fs.hard_link(p("/d/f"), p("/e/g")).unwrap_err().kind(),
+        io::ErrorKind::AlreadyExists
+    );
+    assert_eq!(
+        fs.hard_link(p("/d/missing"), p("/e/h")).unwrap_err().kind(),
+        io::ErrorKind::NotFound
+    );
+    assert_eq!(fs.read_file(p("/e/g")).unwrap(), b"sealed");
+    let seen = outcomes_of(&fs, "/e/g");
+    assert!(seen.contains(&None), "an unsynced link always survived");
+    assert!(seen.contains(&Some(b"sealed".to_vec())), "{seen:?}");
+    assert_eq!(outcomes(&fs), vec![Some(b"sealed".to_vec())]);
+    fs.sync_dir(p("/e")).unwrap();
+    assert_eq!(outcomes_of(&fs, "/e/g"), vec![Some(b"sealed".to_vec())]);
+    // One file under two names: a write through one shows through the other, and survives a
+    // crash under both.
+    let g = fs.open(p("/e/g"), OpenMode::ReadWrite).unwrap();
+    g.write_all_at(b"S", 0).unwrap();
+    g.sync_data().unwrap();
+    assert_eq!(fs.read_file(p("/d/f")).unwrap(), b"Sealed");
+    for seed in 0..SEEDS {
+        let image = fs.crash(seed);
+        assert_eq!(image.read_file(p("/d/f")).unwrap(), b"Sealed");
+        assert_eq!(image.read_file(p("/e/g")).unwrap(), b"Sealed");
+    }
+    // Removing one name keeps the other.
+    fs.remove(p("/d/f")).unwrap();
+    fs.sync_dir(p("/d")).unwrap();
+    assert_eq!(outcomes_of(&fs, "/e/g"), vec![Some(b"Sealed".to_vec())]);
+}
+
+#[test]
+fn a_renamed_directory_takes_its_contents_and_is_durable_once_its_parent_is_synced() {
+    let fs = FaultFs::new();
+    fs.create_dir_all(p("/p/tmp/sub")).unwrap();
+    let f = fs.open(p("/p/tmp/sub/f"), OpenMode::CreateNew).unwrap();
+    f.write_all_at(b"whole", 0).unwrap();
+    f.sync_data().unwrap();
+    for dir in ["/p/tmp/sub", "/p/tmp", "/p", "/"] {
+        fs.sync_dir(p(dir)).unwrap();
+    }
+    fs.create_dir_all(p("/p/other")).unwrap();
+    assert_eq!(
+        fs.rename(p("/p/tmp"), p("/p/other")).unwrap_err().kind(),
+        io::ErrorKind::IsADirectory
+    );
+    assert_eq!(
+        fs.rename(p("/p/tmp"), p("/p/tmp/sub/x"))
+            .unwrap_err()
+            .kind(),
+        io::ErrorKind::InvalidInput
+    );
+    fs.rename(p("/p/tmp"), p("/p/dest")).unwrap();
+    assert_eq!(fs.kind(p("/p/tmp")).unwrap(), None);
+    assert_eq!(fs.read_file(p("/p/dest/sub/f")).unwrap(), b"whole");
+    assert_eq!(fs.list(p("/p")).unwrap(), vec!["dest", "other"]);
+    // Within one directory the rename is atomic: a crash leaves the old name or the new one.
+    let (mut old, mut new) = (false, false);
+    for seed in 0..SEEDS {
+        let image = fs.crash(seed);
+        let at_old = image.read_file(p("/p/tmp/sub/f"));
+        let at_new = image.read_file(p("/p/dest/sub/f"));
+        assert!(
+            at_old.is_some() != at_new.is_some(),
+            "seed {seed}: {at_old:?} {at_new:?}"
+        );
+        assert_eq!(at_old.or(at_new).unwrap(), b"whole");
+        old |= image.kind(p("/p/tmp")).unwrap().is_some();
+        new |= image.kind(p("/p/dest")).unwrap().is_some();
+    }
+    assert!(old && new, "an unsynced rename always or never survived");
+    fs.sync_dir(p("/p")).unwrap();
+    assert_eq!(
+        outcomes_of(&fs, "/p/dest/sub/f"),
+        vec![Some(b"whole".to_vec())]
+    );
+    assert_eq!(outcomes_of(&fs, "/p/tmp/sub/f"), vec![None]);
+    // What is made under the new name after the rename lives in the same directory.
+    fs.open(p("/p/dest/g"), OpenMode::CreateNew).unwrap();
+    fs.sync_dir(p("/p/dest")).unwrap();
+    assert_eq!(outcomes_of(&fs, "/p/dest/g"), vec![Some(Vec::new())]);
+    assert!(!fs.has_unsynced(), "{:?}", fs.unsynced());
+}

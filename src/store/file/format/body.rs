@@ -22,7 +22,7 @@ pub enum JournalOp<'a> {
 }
 
 /// A decoded record body, collected by [`decode_body`]: the tests' view of what
-/// [`visit_body`] hands over. Its name and keys are borrowed from the body's bytes.
+/// [`visit_body`] hands over. Its name and batch keys are borrowed from the body's bytes.
 #[cfg(test)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Body<'a> {
@@ -35,13 +35,15 @@ pub struct Body<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Content<'a> {
     Batch(Vec<JournalOp<'a>>),
-    Base(Vec<(&'a [u8], ValueLoc)>),
+    Base(Vec<(Vec<u8>, ValueLoc)>),
     /// Part `part` (from 0) of `parts` of a split base.
     BasePart {
         part: u32,
         parts: u32,
-        entries: Vec<(&'a [u8], ValueLoc)>,
+        entries: Vec<(Vec<u8>, ValueLoc)>,
     },
+    /// Values with no keys (a packed base after them names each).
+    Values,
 }
 
 const OP_PUT: u8 = 1;
@@ -178,13 +180,17 @@ fn put_bound(b: &mut Vec<u8>, bound: &Bound<Vec<u8>>) {
 
 /// A cursor over body bytes that never panics and never over-allocates: every length is
 /// checked against what remains before it is used.
-struct Reader<'a> {
+pub(super) struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    #[cfg(test)]
+    pub(super) fn new(bytes: &'a [u8]) -> Self {
+        Reader { bytes, at: 0 }
+    }
+    pub(super) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         let end = self.at.checked_add(n)?;
         let s = self.bytes.get(self.at..end)?;
         self.at = end;
@@ -196,7 +202,7 @@ impl<'a> Reader<'a> {
     fn u16(&mut self) -> Option<u16> {
         Some(u16::from_le_bytes(self.take(2)?.try_into().ok()?))
     }
-    fn u32(&mut self) -> Option<u32> {
+    pub(super) fn u32(&mut self) -> Option<u32> {
         Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
     }
     fn u64(&mut self) -> Option<u64> {
@@ -214,8 +220,21 @@ impl<'a> Reader<'a> {
             _ => None,
         }
     }
-    fn remaining(&self) -> usize {
+    pub(super) fn remaining(&self) -> usize {
         self.bytes.len() - self.at
+    }
+    /// An unsigned LEB128 varint of at most 10 bytes.
+    pub(super) fn varint(&mut self) -> Option<u64> {
+        let mut v = 0u64;
+        for i in 0..10 {
+            let b = self.u8()?;
+            v |= ((b & 0x7f) as u64) << (7 * i);
+            if b & 0x80 == 0 {
+                // The tenth byte holds only the top bit.
+                return (i < 9 || b <= 1).then_some(v);
+            }
+        }
+        None
     }
 }
 
@@ -245,14 +264,16 @@ pub fn decode_base_part_head(body: &[u8]) -> Option<(u32, u32)> {
 
 /// One piece of a body's content, as [`visit_body`] decodes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Item<'a> {
-    /// A batch's operation.
+pub enum Item<'a, 'k> {
+    /// A batch's operation, its keys borrowed from the body.
     Op(JournalOp<'a>),
     /// A base's (or base part's) size, before its entries: how many there are and the bytes
-    /// of their keys, so an index can make room for all of them at once.
+    /// of their keys, so an index can make room for all of them at once (a hint: never more
+    /// than a few times the body's bytes).
     Entries { count: usize, key_bytes: usize },
-    /// One entry of a base, in key order.
-    Entry(&'a [u8], ValueLoc),
+    /// One entry of a base, in key order. A packed base lends its key from a buffer of the
+    /// decoder's, valid only for the call.
+    Entry(&'k [u8], ValueLoc),
 }
 
 /// The parts of a body outside its operations or entries.
@@ -272,10 +293,11 @@ pub fn decode_body(kind: RecordKind, body: &[u8]) -> Result<Body<'_>> {
     let head = visit_body(kind, body, |item| match item {
         Item::Op(op) => ops.push(op),
         Item::Entries { count, .. } => entries.reserve_exact(count),
-        Item::Entry(k, v) => entries.push((k, v)),
+        Item::Entry(k, v) => entries.push((k.to_vec(), v)),
     })?;
     let content = match (kind, head.place) {
         (RecordKind::Batch, _) => Content::Batch(ops),
+        (RecordKind::Values, _) => Content::Values,
         (_, Some((part, parts))) => Content::BasePart {
             part,
             parts,
@@ -297,23 +319,23 @@ pub fn decode_body(kind: RecordKind, body: &[u8]) -> Result<Body<'_>> {
 pub fn visit_body<'a>(
     kind: RecordKind,
     body: &'a [u8],
-    visit: impl FnMut(Item<'a>),
+    mut visit: impl FnMut(Item<'a, '_>),
 ) -> Result<BodyHead<'a>> {
-    visit_body_inner(kind, body, visit)
+    visit_body_inner(kind, body, &mut visit)
         .ok_or_else(|| Error::corrupt("journal record", "malformed record body"))
 }
 
 fn visit_body_inner<'a>(
     kind: RecordKind,
     body: &'a [u8],
-    mut visit: impl FnMut(Item<'a>),
+    visit: &mut impl FnMut(Item<'a, '_>),
 ) -> Option<BodyHead<'a>> {
     let mut r = Reader { bytes: body, at: 0 };
     let n = r.u8()? as usize;
     let partition = r.take(n)?;
     let prev = r.u64()?;
     let place = match kind {
-        RecordKind::BasePart => {
+        RecordKind::BasePart | RecordKind::PackedBasePart => {
             let part = r.u32()?;
             let parts = r.u32()?;
             if part >= parts {
@@ -323,6 +345,25 @@ fn visit_body_inner<'a>(
         }
         _ => None,
     };
+    match kind {
+        // Values after the head: nothing to hand over.
+        RecordKind::Values => {
+            return Some(BodyHead {
+                partition,
+                prev,
+                place,
+            });
+        }
+        RecordKind::PackedBase | RecordKind::PackedBasePart => {
+            super::packed::visit_packed_entries(&mut r, visit)?;
+            return (r.remaining() == 0).then_some(BodyHead {
+                partition,
+                prev,
+                place,
+            });
+        }
+        _ => {}
+    }
     let count = r.u32()? as usize;
     match kind {
         RecordKind::Batch => {
@@ -349,9 +390,10 @@ fn visit_body_inner<'a>(
                 }));
             }
         }
-        RecordKind::Base | RecordKind::BasePart => {
-            // Each entry takes 18 bytes besides its key: what remains beyond that is exactly
-            // the keys' bytes, unless the body is malformed (then it is refused below).
+        _ => {
+            // A version 2 base or base part. Each entry takes 18 bytes besides its key: what
+            // remains beyond that is exactly the keys' bytes, unless the body is malformed
+            // (then it is refused below).
             let framing = count.checked_mul(18)?;
             if framing > r.remaining() {
                 return None;
@@ -438,7 +480,7 @@ mod tests {
             Content::BasePart {
                 part: 1,
                 parts: 3,
-                entries: vec![(&b"a"[..], v), (&b"b"[..], v)],
+                entries: vec![(b"a".to_vec(), v), (b"b".to_vec(), v)],
             }
         );
         // A part outside its run is malformed.
@@ -462,9 +504,9 @@ mod tests {
                     x as u8
                 })
                 .collect();
-            let _ = decode_body(RecordKind::Batch, &bytes);
-            let _ = decode_body(RecordKind::Base, &bytes);
-            let _ = decode_body(RecordKind::BasePart, &bytes);
+            for kind in RecordKind::ALL {
+                let _ = decode_body(kind, &bytes);
+            }
             let _ = decode_base_part_head(&bytes);
             let _ = decode_frame(1, &bytes);
         }

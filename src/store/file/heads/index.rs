@@ -13,9 +13,11 @@
 //! page refuses: the names of every data page it names, from its first name in the root up to
 //! the next index page's.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::OnceLock;
+
+use crate::sync::Mutex;
 
 use super::{PAGES_AT, Pages, VfsFile, shown};
 use crate::error::Error;

@@ -146,7 +146,7 @@ fn a_damaged_index_page_refuses_exactly_its_span() {
         let pages = opened(&fs, "snap");
         pages
             .unchecked
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+            .store(true, crate::sync::atomic::Ordering::Relaxed);
         let lost = entries(N)
             .iter()
             .filter(|(name, _)| matches!(pages.lookup(name), Ok(None)))
@@ -227,7 +227,7 @@ fn an_index_page_count_that_does_not_match_the_root_is_damage() {
 #[cfg(feature = "test-hooks")]
 #[test]
 fn lookups_on_the_page_read_last_do_not_read_it_again() {
-    use std::sync::atomic::Ordering;
+    use crate::sync::atomic::Ordering;
     let fs = FaultFs::new();
     let pages = written(&fs);
     // 62 entries a data page: entries 0 and 1 share page 0, entry 100 is on page 1.

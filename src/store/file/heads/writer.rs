@@ -109,7 +109,10 @@ fn write_as(
             root,
             starts,
         };
-        (postcard::to_stdvec(&meta).map_err(encode)?, index_pages)
+        // Format version 3: the per-segment counts follow the meta.
+        let mut body = postcard::to_stdvec(&meta).map_err(encode)?;
+        body.extend(postcard::to_stdvec(&position.segments).map_err(encode)?);
+        (body, index_pages)
     };
     let pages = writer.pages + index_pages;
     let meta_at = PAGES_AT + pages as u64 * PAGE_LEN as u64;

@@ -1,11 +1,12 @@
 //! Group commit: the leader that takes the queue, writes it (preparing steps and rolling over
 //! segments on the way) and syncs it, and the waiters it wakes (SPEC S3).
 
+use crate::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::MutexGuard;
+use crate::clock;
+use crate::sync::MutexGuard;
 
 use super::super::format::{Loc, RecordKind, SEGMENT_HEADER_LEN};
 use super::super::vfs::VfsFile;
@@ -18,18 +19,18 @@ use crate::error::{Error, Result};
 impl Journal {
     /// Waits until `lsn` is durable under the sync policy (for the weaker policies: written).
     pub fn wait_durable(&self, lsn: u64) -> Result<()> {
-        self.wait_for(lsn, self.policy == SyncPolicy::SyncEveryCommit)
+        self.wait_lsn(lsn, self.policy == SyncPolicy::SyncEveryCommit)
     }
 
     /// Writes and syncs everything appended so far, whatever the policy; returns the LSN
     /// that is now durable.
     pub fn sync_all(&self) -> Result<u64> {
         let target = self.state.lock().next_lsn - 1;
-        self.wait_for(target, true)?;
+        self.wait_lsn(target, true)?;
         Ok(target)
     }
 
-    pub(super) fn wait_for(&self, lsn: u64, synced: bool) -> Result<()> {
+    pub(super) fn wait_lsn(&self, lsn: u64, synced: bool) -> Result<()> {
         let mut st = self.state.lock();
         loop {
             if let Some(reason) = &st.failed {
@@ -73,16 +74,25 @@ impl Journal {
             self.counters.gathers.fetch_add(1, Ordering::Relaxed);
             let budget = Duration::from_nanos(self.sync_nanos.load(Ordering::Relaxed) / 2)
                 .min(Duration::from_millis(1));
-            let deadline = Instant::now() + budget;
+            let started = self.clock.instant();
+            let deadline = started + budget;
             st.gathering = true;
             self.gathering.store(true, Ordering::SeqCst);
             while st.queue.records < self.active.load(Ordering::SeqCst) {
-                if self.gathered.wait_until(st, deadline).timed_out() {
+                if clock::wait_until(&*self.clock, &self.gathered, st, deadline) {
                     break;
                 }
             }
             st.gathering = false;
             self.gathering.store(false, Ordering::SeqCst);
+            // Bounded by the budget, unless the leader was not scheduled in time.
+            let took = self
+                .clock
+                .instant()
+                .saturating_duration_since(started)
+                .as_nanos()
+                .min(u64::MAX as u128) as u64;
+            self.watch.timed(crate::observe::StallPhase::Gather, took);
         }
         let spare = std::mem::take(&mut st.spare);
         let queue = std::mem::replace(&mut st.queue, spare);
@@ -108,7 +118,9 @@ impl Journal {
             }
             Err(e) => {
                 log::error!("journal write or sync failed; refusing writes until reopened: {e}");
-                st.failed = Some(e.to_string());
+                let reason = e.to_string();
+                self.watch.failed(&reason);
+                st.failed = Some(reason);
             }
         }
         let covered = (st.generation % 2) as usize;
@@ -171,6 +183,9 @@ impl Journal {
                     self.tail_sized.store(size, Ordering::Relaxed);
                     self.files.adopt(number, segment.file);
                     self.segments.insert(number, segment.seed);
+                    // Every chunk for the old tail came before this one and is written; it is
+                    // trimmed and synced above. Only now may compaction take it.
+                    self.sealed_through.store(sealed, Ordering::Release);
                 }
                 Chunk::Bytes {
                     segment,
@@ -237,10 +252,12 @@ impl Journal {
 
     fn sync_segment(&self, number: u32, last: &mut Option<(u32, Arc<dyn VfsFile>)>) -> Result<()> {
         let file = self.file_of(number, last)?;
-        let started = Instant::now();
+        let started = self.clock.instant();
         file.sync_data()
             .map_err(|e| Error::io(format!("syncing journal segment {number}"), e))?;
-        let took = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        let took = (self.clock.instant().saturating_duration_since(started))
+            .as_nanos()
+            .min(u64::MAX as u128) as u64;
         let average = self.sync_nanos.load(Ordering::Relaxed);
         let updated = if average == 0 {
             took
@@ -249,6 +266,7 @@ impl Journal {
         };
         self.sync_nanos.store(updated, Ordering::Relaxed);
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+        self.watch.timed(crate::observe::StallPhase::Sync, took);
         Ok(())
     }
 }
@@ -290,7 +308,7 @@ impl Drop for AppendIntent<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
+    use crate::sync::atomic::Ordering;
 
     use crate::store::{Batch, FileStore, Partition, Store};
 

@@ -22,15 +22,17 @@ pub fn parse_segment_file_name(name: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
-/// A fresh random salt for a new segment.
+/// A fresh random salt for a new segment: std's per-thread random hash keys, a count of the
+/// salts this process made, and the process id (no clock: library code reads time only through
+/// the store's clock, SPEC E9).
 pub fn new_salt() -> u64 {
+    if let Some(salt) = crate::sync::simulated_unique() {
+        return salt;
+    }
+    use std::sync::atomic::{AtomicU64, Ordering}; // seams: not shared (a process-wide counter)
+    static MADE: AtomicU64 = AtomicU64::new(0);
     let mut h = RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
+    h.write_u64(MADE.fetch_add(1, Ordering::Relaxed));
     h.write_u32(std::process::id());
     h.finish() | 1
 }

@@ -2,7 +2,8 @@
 //! headers checked; a damaged header is kept as evidence, a newer format refused (SPEC S4,
 //! S5, S10).
 
-use std::collections::{BTreeMap, HashMap};
+use crate::sync::HashMap;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -68,7 +69,7 @@ pub fn open_segments_with(
 ) -> Result<Segments> {
     let mut live = BTreeMap::new();
     let mut damaged = BTreeMap::new();
-    let mut lens = HashMap::new();
+    let mut lens = HashMap::default();
     let last = numbers.iter().copied().max();
     let unchecked: Vec<u32> = numbers.iter().copied().filter(|&n| n < from).collect();
     for &number in numbers.iter().filter(|&&n| n >= from) {
