@@ -49,11 +49,12 @@ fn long_lane() {
 /// The teeth: each control, and the seeds (counted from 0) within which the simulator must
 /// find it: about four times the seeds it took when measured (docs/SIMULATION.md, "Teeth").
 /// `Control::SealedVictims` is not here: the simulator has not found it (30,000 seeds tried).
-pub const TEETH: [(Control, u64); 4] = [
+pub const TEETH: [(Control, u64); 5] = [
     (Control::GuardOnlyWait, 40),
     (Control::BypassFence, 12),
     (Control::RetireUnguarded, 64),
     (Control::FirstUseTakesOver, 20),
+    (Control::UnsealedSettlement, 12),
 ];
 
 #[test]

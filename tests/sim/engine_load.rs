@@ -1,6 +1,10 @@
 //! The engine workload: owners over one store (the memory store with or without server-side
 //! deadlines, or the file store on the fault-injecting disk), under one seed.
 //!
+//! The memory store may sit behind a simulated network (`super::net`, an etcd cluster as its
+//! clients see it) that loses the answers of record-writing batches and delays copies of
+//! them, which arrive at points of the schedule the seed picks.
+//!
 //! Owner `a` serves a namespace of a few entities; writers append records with unique
 //! numbers, a deferrer defers records to entities (restored or not), a passivator drops
 //! entities under a budget, a warm runs, the wall clock jumps (leases expire, the sweeper
@@ -10,7 +14,10 @@
 //! - F7: once `b`'s revocation answered `Complete`, no write `a` starts commits;
 //! - every acknowledged record and every accepted deferral is in the entity's history exactly
 //!   once, and the folded state is that history (no acknowledged batch lost or rolled back, R8
-//!   deferred work applied exactly once, R2);
+//!   deferred work applied exactly once, R2); the history is read by a fresh restore of each
+//!   entity, so it is the store's, not only the engine's memory;
+//! - a write answered as settled, never to commit (a lost answer, SPEC F12), is not in the
+//!   history; a delayed copy `a` sent never commits once `b`'s revocation completed (F7);
 //! - one restore per activation: each engine runs an entity's restore unit at most once more
 //!   than its passivations and adoptions of it (R2, R10);
 //! - no healthy entity is contained (R4), and memory stays within its budget at every step
@@ -29,6 +36,7 @@ use portcullis::fence::{RevokeBudget, RevokeProgress};
 use portcullis::store::{FaultFs, FileStore, MemoryStore, Store};
 use portcullis::{ApplyContext, Engine, EntityId, Error, Namespace, Rejection, StateMachine};
 
+use super::net::{Delivery, Net};
 use super::{Control, Plan, Rng, Trace, pause, task};
 
 /// Folds records (8-byte numbers) into the list of them; counts restore units per entity.
@@ -81,20 +89,58 @@ struct Owner {
     budget: Option<usize>,
 }
 
-fn open_owner(name: &'static str, store: &Arc<dyn Store>, budget: Option<usize>) -> Owner {
-    open_owner_with(name, store, budget, false, OwnerSwitches::default())
+/// The store the owners share, or (behind the simulated network) a view of it per owner.
+struct Backend {
+    store: Arc<dyn Store>,
+    net: Option<Arc<Net>>,
+}
+
+impl Backend {
+    fn store_for(&self, owner: &'static str) -> Arc<dyn Store> {
+        match &self.net {
+            Some(net) => net.view(owner),
+            None => self.store.clone(),
+        }
+    }
+}
+
+/// Checks a held copy that arrived: one `a` sent must not commit once `b`'s revocation
+/// completed (F7, whoever makes the write and however late it arrives).
+fn arrived(delivery: Delivery, complete: &AtomicBool, trace: &Trace) {
+    let completed = complete.load(Ordering::SeqCst);
+    trace.push(format!(
+        "network delivers {}'s copy to {}: {:?}",
+        delivery.sender, delivery.partition, delivery.outcome
+    ));
+    if completed && delivery.sender == "a" {
+        assert!(
+            !matches!(delivery.outcome, Ok(portcullis::store::Outcome::Committed)),
+            "F7: a delayed copy of a's batch to {} committed after b's revocation completed",
+            delivery.partition
+        );
+    }
+}
+
+/// Whether an append's error says it was settled as never committing (its answer was lost,
+/// and the log was sealed past it).
+fn settled_not_committed(e: &Error) -> bool {
+    matches!(e, Error::Unavailable { reason, .. } if reason.contains("did not commit and never will"))
+}
+
+fn open_owner(name: &'static str, backend: &Backend, budget: Option<usize>) -> Owner {
+    open_owner_with(name, backend, budget, false, OwnerSwitches::default())
 }
 
 fn open_owner_with(
     name: &'static str,
-    store: &Arc<dyn Store>,
+    backend: &Backend,
     budget: Option<usize>,
     first_use: bool,
     switches: OwnerSwitches,
 ) -> Owner {
     let machine = Arc::new(Sim::default());
     let mut builder = Engine::builder(machine.clone())
-        .store(store.clone())
+        .store(backend.store_for(name))
         .owner(name)
         .adopt_on_first_use(first_use)
         .owner_switches_for_test(switches)
@@ -125,10 +171,21 @@ fn within_budget(owner: &Owner) {
 }
 
 pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
-    let backend = rng.below(3);
+    let backend = match plan.control {
+        Some(Control::UnsealedSettlement) => 3,
+        _ => rng.below(4),
+    };
+    let net = (backend == 3).then(|| {
+        let memory = MemoryStore::with_clock(Arc::new(clock.clone()));
+        // Up to one record-writing batch in four loses its answer, and as many are delayed.
+        let mut net_rng = Rng::new(plan.seed ^ 0x6e65_7477_6f72_6b00);
+        let (lose, hold) = (5 + net_rng.below(20), 5 + net_rng.below(20));
+        Net::new(memory, net_rng, lose, hold)
+    });
     let store: Arc<dyn Store> = match backend {
         0 => Arc::new(MemoryStore::with_clock(Arc::new(clock.clone()))),
         1 => Arc::new(MemoryStore::with_clock(Arc::new(clock.clone())).without_deadlines()),
+        3 => net.clone().expect("the network backend"),
         _ => Arc::new(
             FileStore::builder("/sim")
                 .vfs(Arc::new(FaultFs::new()))
@@ -138,6 +195,10 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                 .open()
                 .expect("the store opens"),
         ),
+    };
+    let backend_of_owners = Backend {
+        store: store.clone(),
+        net: net.clone(),
     };
     let entities: Vec<EntityId> = (0..2 + rng.below(3))
         .map(|i| EntityId::new("sim", format!("e{i}")).unwrap())
@@ -149,7 +210,17 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         "engine: backend {backend}, {} entities, budget {budget:?}, take-over {takeover}",
         entities.len()
     ));
-    let a = Arc::new(open_owner("a", &store, budget));
+    let a_switches = OwnerSwitches {
+        unsealed_settlement: plan.control == Some(Control::UnsealedSettlement),
+        ..OwnerSwitches::default()
+    };
+    let a = Arc::new(open_owner_with(
+        "a",
+        &backend_of_owners,
+        budget,
+        false,
+        a_switches,
+    ));
     match plan.control {
         Some(Control::BypassFence) => a.engine.set_bypass_fence_for_test(true),
         Some(Control::RetireUnguarded) => a.engine.set_retire_unguarded_for_test(true),
@@ -159,7 +230,7 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     for e in &entities {
         a.engine.register(e).expect("registered");
     }
-    let b = takeover.then(|| Arc::new(open_owner("b", &store, None)));
+    let b = takeover.then(|| Arc::new(open_owner("b", &backend_of_owners, None)));
     // On some take-overs a bystander `c` (first-use adoption on) reads the namespace's
     // entities meanwhile: it must never take the namespace (SPEC F12). Drawn from a generator
     // of its own, so the rest of the seed's workload is as without it.
@@ -171,24 +242,34 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
             first_use_takes_over: plan.control == Some(Control::FirstUseTakesOver),
             ..OwnerSwitches::default()
         };
-        Arc::new(open_owner_with("c", &store, None, true, switches))
+        Arc::new(open_owner_with(
+            "c",
+            &backend_of_owners,
+            None,
+            true,
+            switches,
+        ))
     });
     if bystander.is_some() {
         trace.push("bystander c".into());
     }
     // Acknowledged records and accepted deferrals, by entity; passivations by entity.
     let acked: Arc<StdMutex<BTreeMap<String, Vec<u64>>>> = Arc::default();
+    // Appends answered as settled, never to commit, by entity.
+    let refused: Arc<StdMutex<BTreeMap<String, Vec<u64>>>> = Arc::default();
     let passivated: Arc<StdMutex<BTreeMap<String, u64>>> = Arc::default();
     let complete = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for w in 0..2u64 {
-        let (a, acked, trace, complete, entities) = (
+        let (a, acked, refused, trace, complete, entities) = (
             a.clone(),
             acked.clone(),
+            refused.clone(),
             trace.clone(),
             complete.clone(),
             entities.clone(),
         );
+        let lossy = net.is_some();
         let mut rng = Rng::new(rng.next());
         tasks.push(task(format!("writer {w}"), move || {
             for i in 0..4 + rng.below(4) {
@@ -205,7 +286,18 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                         );
                         acked.lock().unwrap_or_else(|p| p.into_inner()).entry(e.to_string()).or_default().push(record);
                     }
+                    Err(err) if settled_not_committed(&err) => {
+                        refused
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .entry(e.to_string())
+                            .or_default()
+                            .push(record);
+                    }
                     Err(Error::Fenced { .. } | Error::Unavailable { .. } | Error::Closed) => {}
+                    // Its answer was lost and could not be settled yet: it may be in the
+                    // history or not (the next write to the entity settles it).
+                    Err(Error::OutcomeUnknown { .. }) if lossy => {}
                     Err(other) if takeover => {
                         trace.push(format!("writer {w}: {other}"));
                     }
@@ -317,8 +409,24 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
             }
         }));
     }
+    if let Some(net) = &net {
+        let (net, complete, trace) = (net.clone(), complete.clone(), trace.clone());
+        let mut rng = Rng::new(rng.next());
+        tasks.push(task("network".into(), move || {
+            for _ in 0..12 {
+                pause(rng.below(30));
+                if let Some(delivery) = net.deliver_one() {
+                    arrived(delivery, &complete, &trace);
+                }
+            }
+        }));
+    }
     for t in tasks {
         t.join().unwrap();
+    }
+    // The network calms down: the copies still held arrive now.
+    for delivery in net.iter().flat_map(|net| net.calm()) {
+        arrived(delivery, &complete, trace);
     }
     // The final word on each entity: the current owner's (b's after a take-over, which is
     // finished here if the run left it unfinished: leases expire as the wall clock moves).
@@ -328,6 +436,7 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                 if let Ok(RevokeProgress::Complete) =
                     b.engine.revoke_step(&ns, RevokeBudget::default())
                 {
+                    complete.store(true, Ordering::SeqCst);
                     break;
                 }
                 if step % 8 == 7 {
@@ -343,7 +452,11 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         None => a.clone(),
     };
     let acked = acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let refused = refused.lock().unwrap_or_else(|p| p.into_inner()).clone();
     for e in &entities {
+        // Restored afresh from the store, so the history checked is the store's.
+        let passivated = reader.engine.passivate(e);
+        trace.push(format!("final passivation of {e}: {passivated:?}"));
         let state = reader
             .engine
             .read(e, |s| s.clone())
@@ -354,6 +467,12 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         }
         for (r, n) in &seen {
             assert_eq!(*n, 1, "R2/R8: record {r} is in {e}'s history {n} times");
+        }
+        for r in refused.get(&e.to_string()).into_iter().flatten() {
+            assert!(
+                !seen.contains_key(r),
+                "F12/S2: record {r}, answered as settled never to commit, is in {e}'s history {state:?}"
+            );
         }
         for r in acked.get(&e.to_string()).into_iter().flatten() {
             assert!(
@@ -372,6 +491,8 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         );
         // Each activation restores once: the first touch, and one after each passivation
         // (explicit or under the budget); `fresh` runs in a unit without a checkpoint.
+        // A unit whose batch lost its answer runs again (R4): one more per batch the network
+        // disturbed on the entity's partition.
         let allowed = 1 + stats.passivation.passivations + stats.passivation.reactivations;
         for (e, units) in owner
             .machine
@@ -380,6 +501,13 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
             .unwrap_or_else(|p| p.into_inner())
             .iter()
         {
+            let retries = net.as_ref().map_or(0, |net| {
+                entities
+                    .iter()
+                    .find(|id| id.to_string() == *e)
+                    .map_or(0, |id| net.disturbed(&id.partition()))
+            });
+            let allowed = allowed + retries;
             assert!(
                 *units <= allowed,
                 "R2/R10: {} ran {e}'s restore unit {units} times for at most {allowed} activations",

@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod engine_load;
+pub mod net;
 pub mod store_load;
 
 use std::collections::hash_map::DefaultHasher;
@@ -38,15 +39,20 @@ pub enum Control {
     /// with no proof of completion, in the middle of another owner's take-over
     /// (`OwnerSwitches::first_use_takes_over`).
     FirstUseTakesOver,
+    /// A write whose answer was lost is settled as not committed on an unchanged head alone,
+    /// without sealing the log, so a delayed copy can still commit
+    /// (`OwnerSwitches::unsealed_settlement`).
+    UnsealedSettlement,
 }
 
 impl Control {
-    pub const ALL: [Control; 5] = [
+    pub const ALL: [Control; 6] = [
         Control::SealedVictims,
         Control::GuardOnlyWait,
         Control::BypassFence,
         Control::RetireUnguarded,
         Control::FirstUseTakesOver,
+        Control::UnsealedSettlement,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +62,7 @@ impl Control {
             Control::BypassFence => "bypass-fence",
             Control::RetireUnguarded => "retire-unguarded",
             Control::FirstUseTakesOver => "first-use-takes-over",
+            Control::UnsealedSettlement => "unsealed-settlement",
         }
     }
 
