@@ -74,7 +74,10 @@ class TempDirTest(unittest.TestCase):
 
 
 def small(machine, directory=None, **options):
-    """An engine with a small pool, as the tests use."""
+    """An engine with a small pool, as the tests use. The background warm is off unless a test
+    turns it on: these tests count restores and listen for events, and the background warm
+    restores an adopted namespace's entities on the engine's own schedule."""
     options.setdefault("pool_threads", 2)
+    options.setdefault("background_warm", False)
     options.setdefault("close_timeout", 20)
     return portcullis.Engine.open(machine, directory, **options)
