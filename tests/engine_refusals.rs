@@ -537,3 +537,31 @@ fn r8_r12_a_retried_idempotent_deferral_is_already_accepted_not_refused() {
     assert_eq!(retry, Deferred::AlreadyAccepted);
     assert_eq!(engine.read(&alice(), |l| l.balance).unwrap(), 0);
 }
+
+/// SPEC E8: each deferred record set aside at restore is told to the engine's listener, with
+/// its sequence number and the state's reason.
+#[test]
+fn e8_r12_a_deferred_record_set_aside_is_told_to_the_listener() {
+    use portcullis::observe::{Event, Listener};
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    deferred_to_pending(&store);
+    let (tx, rx) = crossbeam::channel::unbounded();
+    let listener: Arc<dyn Listener> = Arc::new(move |e: &Event| drop(tx.send(e.clone())));
+    let engine = Engine::builder(Typed(Shared(Arc::default())))
+        .store(Arc::clone(&store))
+        .listener(listener)
+        .background_warm(false)
+        .open()
+        .unwrap();
+    assert_eq!(engine.read(&alice(), |l| l.balance).unwrap(), 0);
+    let set_aside: Vec<RefusedDeferral> = rx
+        .try_iter()
+        .filter_map(|e| match e {
+            Event::DeferralRefused {
+                entity, refused, ..
+            } if entity == alice() => Some(refused),
+            _ => None,
+        })
+        .collect();
+    assert_set_aside(&set_aside);
+}

@@ -354,3 +354,43 @@ fn negative_control_an_unchecked_index_page_loses_partitions() {
         .count();
     assert!(lost > 0, "an unchecked index page lost nothing");
 }
+
+/// SPEC E8: a damaged page stops the heads snapshots (the next open rebuilds the heads), and
+/// the store says so: the listener hears `SnapshotsStopped` once, and the store reports itself
+/// degraded for that reason until it is reopened.
+#[test]
+fn e8_a_damaged_page_stops_the_snapshots_degrades_the_store_and_is_told() {
+    use portcullis::observe::{DegradedCause, Event, Listener};
+    let (fs, model) = written();
+    damage_page(&fs, 2);
+    let (tx, rx) = crossbeam::channel::unbounded();
+    let listener: std::sync::Arc<dyn Listener> =
+        std::sync::Arc::new(move |e: &Event| drop(tx.send(e.clone())));
+    let store = builder(&fs).listener(listener).open().unwrap();
+    assert_eq!(
+        store.stats().degraded,
+        None,
+        "nothing is read before a touch"
+    );
+    let refused = model
+        .keys()
+        .filter(|n| matches!(get(&store, n), Err(Error::Corrupt { .. })))
+        .count();
+    assert!(refused > 0);
+    // A snapshot is due at the next compaction (and at close); it is abandoned instead.
+    store.compact().unwrap();
+    let stopped: Vec<Event> = rx
+        .try_iter()
+        .filter(|e| matches!(e, Event::SnapshotsStopped { .. }))
+        .collect();
+    assert!(
+        matches!(stopped.as_slice(), [Event::SnapshotsStopped { reason, .. }] if reason.contains("reopen")),
+        "{stopped:?}"
+    );
+    let degraded = store.stats().degraded.expect("the store is degraded");
+    assert_eq!(degraded.cause, DegradedCause::SnapshotsStopped);
+    store.close().unwrap();
+    let store = builder(&fs).open().unwrap();
+    assert!(store.open_report().rebuilt_by_full_scan);
+    assert_eq!(store.stats().degraded, None, "a reopen rebuilt the heads");
+}

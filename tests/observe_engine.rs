@@ -330,3 +330,52 @@ fn e8_the_engine_stats_carry_the_budgets() {
     assert_eq!(stats.phases.entities, 4);
     assert_eq!(stats.namespaces.len(), 1);
 }
+
+/// A warm that cannot restore an entity (its store read fails) tells which one and why, and
+/// counts it as refused. The I/O error contained the entity (SPEC R4, told first); released,
+/// it restores on its next touch once the store answers.
+#[test]
+fn e8_an_entity_the_warm_could_not_restore_is_told() {
+    let store = closed_with(3, &["a", "b"]);
+    let (listener, rx) = channel_listener();
+    let machine = Arc::new(TestMachine::default());
+    let engine = builder(&machine, &store).listener(listener).open().unwrap();
+    *store.fail_reads_of.lock() = Some(entity(1).partition());
+    let progress = engine.warm().unwrap().wait().unwrap();
+    assert_eq!((progress.done, progress.refused), (3, 1), "{progress:?}");
+    // Told on the warm's workers, the last after its waiters woke: wait for the summary.
+    let mut told = Vec::new();
+    for event in rx.iter() {
+        let last = matches!(event, Event::WarmFinished { .. });
+        told.push(event);
+        if last {
+            break;
+        }
+    }
+    let about_e1: Vec<(&str, String)> = told
+        .iter()
+        .filter_map(|e| match e {
+            Event::Contained { entity: who, .. } if *who == entity(1) => {
+                Some(("contained", String::new()))
+            }
+            Event::WarmFailed {
+                entity: who, error, ..
+            } if *who == entity(1) => Some(("warm_failed", error.clone())),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        matches!(about_e1.as_slice(), [("contained", _), ("warm_failed", error)] if error.contains("injected read failure")),
+        "{told:?}"
+    );
+    *store.fail_reads_of.lock() = None;
+    assert!(matches!(
+        engine.read(&entity(1), |_| ()),
+        Err(Error::Contained { .. })
+    ));
+    assert!(engine.release(&entity(1)).unwrap());
+    assert_eq!(
+        common::engine::payloads(&engine, &entity(1)).unwrap(),
+        recs(&["a", "b"])
+    );
+}

@@ -156,8 +156,11 @@ pub enum Event {
         /// The warm's summary.
         progress: WarmProgress,
     },
-    /// An entity the warm restores in the background failed to restore (an error, not a
-    /// containment: a failed store read, for example); it is restored on its next touch.
+    /// The warm could not restore an entity: its restore unit failed. A unit that met damage,
+    /// a refusal or an I/O error contained the entity (SPEC R4: told first as
+    /// [`Event::Contained`]; it answers that until [`Engine::release`](crate::Engine::release));
+    /// one that met a fencing answer or a passing one (unavailable, exhausted, an answer lost)
+    /// left it pending, to restore on its next touch.
     #[non_exhaustive]
     WarmFailed {
         /// The entity.
