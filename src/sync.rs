@@ -75,17 +75,20 @@ pub type HashSet<K> = std::collections::HashSet<K, RandomState>;
 pub(crate) fn simulated_unique() -> Option<u64> {
     #[cfg(feature = "simulation")]
     if simulating() {
-        static NEXT: std::sync::Mutex<(u64, u64)> = std::sync::Mutex::new((u64::MAX, 0));
-        let mut next = NEXT
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let generation = sim::generation();
-        if next.0 != generation {
-            *next = (generation, 0);
+        std::thread_local! {
+            // Per thread: a simulation runs on one thread, and one running at once on another
+            // thread must not take numbers from this one's count (its trace would change).
+            static NEXT: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((u64::MAX, 0)) };
         }
-        next.1 += 1;
+        let generation = sim::generation();
+        let count = NEXT.with(|next| {
+            let (seen, count) = next.get();
+            let count = if seen == generation { count + 1 } else { 1 };
+            next.set((generation, count));
+            count
+        });
         // An odd multiplier is a bijection on u64: distinct counts give distinct numbers.
-        return Some(next.1.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        return Some(count.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     }
     None
 }

@@ -315,9 +315,12 @@ impl<M: StateMachine> EngineBuilder<M> {
 
     /// The clock (SPEC E4). One clock serves the engine, the fence and the store: with
     /// [`directory`](Self::directory) the store is opened with this clock; with
-    /// [`store`](Self::store) the engine reads the store's own clock, and `open` refuses a
-    /// clock that disagrees with it (give the store the same clock instead). Default: the
-    /// system clock, or the given store's clock.
+    /// [`store`](Self::store) the engine reads the store's own clock for wall time (leases,
+    /// deadlines), and `open` refuses a clock that disagrees with it (give the store the same
+    /// clock instead). Either way the engine's monotonic time and timed waits (its background
+    /// schedule, close's and the warm's waits) are this clock's ([`Clock::instant`](
+    /// crate::Clock::instant)), which a simulated clock moves (SPEC E9). Default: the system
+    /// clock, or the given store's clock.
     ///
     /// # Examples
     ///

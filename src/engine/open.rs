@@ -163,7 +163,10 @@ impl<M: StateMachine> Engine<M> {
     ) -> Result<Self> {
         // One clock (SPEC E4): the engine and the fence read the store's clock, the one
         // `NotAfter` deadlines are checked against.
-        let clock: SharedClock = Arc::new(StoreClock(Arc::clone(&store)));
+        let clock: SharedClock = Arc::new(StoreClock {
+            store: Arc::clone(&store),
+            given: config.clock.clone(),
+        });
         // The owner lease (SPEC F12), on the engine's clock; capped so no setting overflows.
         let lease_ms = u64::try_from(config.owner_lease.as_millis())
             .unwrap_or(u64::MAX)
@@ -320,8 +323,14 @@ impl<M: StateMachine> Engine<M> {
 }
 
 /// The store's clock as a [`Clock`]: the one clock engine, fence and store share (SPEC E4).
+/// Wall time is always the store's (leases and deadlines are judged by it); monotonic time and
+/// timed waits are the clock given to the builder, when one was (checked at open to read as the
+/// store's), so a simulated clock drives the engine's schedule and waits too (SPEC E9).
 #[derive(Clone)]
-struct StoreClock(Arc<dyn Store>);
+struct StoreClock {
+    store: Arc<dyn Store>,
+    given: Option<SharedClock>,
+}
 
 impl std::fmt::Debug for StoreClock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -331,6 +340,27 @@ impl std::fmt::Debug for StoreClock {
 
 impl Clock for StoreClock {
     fn now_ms(&self) -> u64 {
-        self.0.now_ms()
+        self.store.now_ms()
+    }
+
+    fn instant(&self) -> std::time::Instant {
+        match &self.given {
+            Some(clock) => clock.instant(),
+            None => crate::clock::SystemClock.instant(),
+        }
+    }
+
+    #[cfg(feature = "simulation")]
+    fn wake_at(&self, deadline: std::time::Instant, waker: crate::clock::CondvarWaker) {
+        if let Some(clock) = &self.given {
+            clock.wake_at(deadline, waker);
+        }
+    }
+
+    #[cfg(feature = "simulation")]
+    fn is_simulated(&self) -> bool {
+        self.given
+            .as_ref()
+            .is_some_and(|clock| clock.is_simulated())
     }
 }

@@ -17,16 +17,26 @@ use std::time::Instant;
 
 use shuttle::sync as sh;
 
-static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The last simulation number handed out, process-wide: each simulation gets a number no other
+/// has, so per-task values of simulations running at once on other threads never share keys.
+static GENERATIONS: AtomicU64 = AtomicU64::new(0);
 
-/// The number of the simulation under way (see [`crate::sim::begin`]).
-pub(crate) fn generation() -> u64 {
-    GENERATION.load(Ordering::Relaxed) & 0xffff_ffff
+std::thread_local! {
+    /// The number of the simulation running on this thread (a simulation runs every task on
+    /// the thread that started it). Per thread, so a simulation starting on another thread
+    /// does not renumber this one's per-task values in the middle of its run.
+    static GENERATION: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Starts a new simulation's numbering of per-task values.
+/// The number of the simulation under way on this thread.
+pub(crate) fn generation() -> u64 {
+    GENERATION.with(|g| g.get()) & 0xffff_ffff
+}
+
+/// Starts a new simulation's numbering of per-task values, on this thread.
 pub(crate) fn next_generation() {
-    GENERATION.fetch_add(1, Ordering::Relaxed);
+    let next = GENERATIONS.fetch_add(1, Ordering::Relaxed) + 1;
+    GENERATION.with(|g| g.set(next));
 }
 
 fn ok<G>(r: Result<G, std::sync::PoisonError<G>>) -> G {
@@ -526,3 +536,6 @@ impl<T: fmt::Debug> fmt::Debug for OnceLock<T> {
         f.debug_tuple("OnceLock").field(&self.cell.get()).finish()
     }
 }
+
+#[cfg(test)]
+mod tests;

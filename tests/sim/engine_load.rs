@@ -27,7 +27,7 @@
 //! - nothing waits for ever (shuttle reports a deadlock with the waiting tasks named).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 
 use portcullis::clock::SimClock;
@@ -87,12 +87,16 @@ struct Owner {
     engine: SimEngine,
     machine: Arc<Sim>,
     budget: Option<usize>,
+    /// Passes of the engine's lease sweeper, which only its background thread's schedule
+    /// starts (`Event::Swept`).
+    sweeps: Arc<AtomicU64>,
 }
 
 /// The store the owners share, or (behind the simulated network) a view of it per owner.
 struct Backend {
     store: Arc<dyn Store>,
     net: Option<Arc<Net>>,
+    clock: SimClock,
 }
 
 impl Backend {
@@ -139,8 +143,19 @@ fn open_owner_with(
     switches: OwnerSwitches,
 ) -> Owner {
     let machine = Arc::new(Sim::default());
+    let sweeps = Arc::new(AtomicU64::new(0));
+    let counted = sweeps.clone();
+    let listener = move |event: &portcullis::observe::Event| {
+        if let portcullis::observe::Event::Swept { .. } = event {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+    };
     let mut builder = Engine::builder(machine.clone())
+        .listener(Arc::new(listener))
         .store(backend.store_for(name))
+        .clock(Arc::new(backend.clock.clone()))
+        // Sweeps fall due within a seed's virtual time (the default is a minute).
+        .sweep_interval(std::time::Duration::from_secs(10))
         .owner(name)
         .adopt_on_first_use(first_use)
         .owner_switches_for_test(switches)
@@ -154,6 +169,7 @@ fn open_owner_with(
         engine,
         machine,
         budget,
+        sweeps,
     }
 }
 
@@ -199,6 +215,7 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     let backend_of_owners = Backend {
         store: store.clone(),
         net: net.clone(),
+        clock: clock.clone(),
     };
     let entities: Vec<EntityId> = (0..2 + rng.below(3))
         .map(|i| EntityId::new("sim", format!("e{i}")).unwrap())
@@ -516,6 +533,13 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         }
     }
     // Close both; a deposed owner may answer that it no longer serves.
+    // The engine's own schedule runs on virtual time: its sweeps fall due as the simulated
+    // clock moves (the simulator's `engine_time_is_virtual` reads this line).
+    trace.push(format!(
+        "a's background sweeps: {} in {:?} virtual",
+        a.sweeps.load(Ordering::SeqCst),
+        clock.elapsed()
+    ));
     let closed_a = a.engine.close();
     trace.push(format!("a closes: {}", closed_a.is_ok()));
     if let Some(b) = &b {
