@@ -209,18 +209,17 @@ impl TypedMachine for Chat2Bare {
     type State = v2::Room;
     const VERSION: u32 = 2;
 
-    fn fresh(&self, _: &EntityId) -> v2::Room {
-        v2::Room::default()
+    fn fresh(&self, e: &EntityId) -> v2::Room {
+        Chat2.fresh(e)
     }
 
     fn apply(
         &self,
         room: &mut v2::Room,
-        _: &ApplyContext<'_>,
+        ctx: &ApplyContext<'_>,
         msg: v2::Msg,
     ) -> Result<(), Rejection> {
-        apply2(room, msg);
-        Ok(())
+        Chat2.apply(room, ctx, msg)
     }
 }
 

@@ -126,9 +126,9 @@ fn arrived(delivery: Delivery, complete: &AtomicBool, trace: &Trace) {
 }
 
 /// Whether an append's error says it was settled as never committing (its answer was lost,
-/// and the log was sealed past it).
+/// and the log was sealed past it): the words `tests/engine_lost_answers.rs` pins down.
 fn settled_not_committed(e: &Error) -> bool {
-    matches!(e, Error::Unavailable { reason, .. } if reason.contains("did not commit and never will"))
+    matches!(e, Error::Unavailable { reason, .. } if reason.contains("never will"))
 }
 
 fn open_owner(name: &'static str, backend: &Backend, budget: Option<usize>) -> Owner {
