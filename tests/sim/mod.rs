@@ -10,6 +10,7 @@
 
 pub mod engine_load;
 pub mod net;
+pub mod slow_disk;
 pub mod store_load;
 
 use std::collections::hash_map::DefaultHasher;

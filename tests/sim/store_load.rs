@@ -1,11 +1,13 @@
 //! The store workload: the file store on the fault-injecting disk (`FaultFs`), small segments
 //! so rotation, heads snapshots and compaction run beside the writers, under one seed.
 //!
-//! Writers commit batches (fresh keys, and overwrites of a counter per writer that make the
-//! garbage compaction reclaims); a reader reads what was acknowledged; a checker commits
-//! guard-only batches on another writer's counter as `get_for_update` shows it and cuts the
-//! power right after each answer; a cutter cuts the power at a point of the schedule; some
-//! seeds make one disk operation fail (once, or the disk dies there). Checked:
+//! Writers commit batches (fresh keys, some in partitions of their own and some large, and
+//! overwrites of a counter per writer that make the garbage compaction reclaims); a reader
+//! reads what was acknowledged; a checker commits guard-only batches on another writer's
+//! counter as `get_for_update` shows it and cuts the power right after each answer; a cutter
+//! cuts the power at a point of the schedule; a compactor asks for compactions of every sealed
+//! segment; some seeds make one disk operation fail (once, or the disk dies there), and most
+//! run on a slow disk whose syncs take many steps ([`SlowDisk`]). Checked:
 //!
 //! - every acknowledged batch reads back while the store runs (linearizable reads, S3, S14),
 //!   unless the disk failed;
@@ -22,6 +24,7 @@ use portcullis::Spawner;
 use portcullis::clock::SimClock;
 use portcullis::store::{Batch, FailMode, FaultFs, FileStore, Outcome, Partition, SkipSync, Store};
 
+use super::slow_disk::SlowDisk;
 use super::{Control, Plan, Rng, Trace, pause, task};
 
 /// What was acknowledged: per partition and key, the value (a counter: the highest).
@@ -65,9 +68,9 @@ fn holds_all(store: &FileStore, acked: &Acked, what: &str) {
     }
 }
 
-fn open(fs: &FaultFs, clock: &SimClock, control: Option<Control>, segment: u64) -> FileStore {
+fn open(disk: SlowDisk, clock: &SimClock, control: Option<Control>, segment: u64) -> FileStore {
     let mut builder = FileStore::builder("/sim")
-        .vfs(Arc::new(fs.clone()))
+        .vfs(Arc::new(disk))
         .clock(Arc::new(clock.clone()))
         .spawner(Spawner::simulated())
         .segment_bytes(segment)
@@ -83,12 +86,19 @@ fn open(fs: &FaultFs, clock: &SimClock, control: Option<Control>, segment: u64) 
 pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     let fs = FaultFs::new();
     let segment = 4096 * (1 + rng.below(3));
-    let store = Arc::new(open(&fs, clock, plan.control, segment));
-    let writers = 2 + rng.below(2);
+    // A slow disk in two seeds of three: background work runs while a leader syncs.
+    let sync_steps = if rng.chance(67) { rng.below(100) } else { 0 };
+    let disk = SlowDisk {
+        fs: fs.clone(),
+        sync_steps,
+    };
+    let store = Arc::new(open(disk, clock, plan.control, segment));
+    let writers = 2 + rng.below(3);
     let parts = 1 + rng.below(3);
     let faulty = plan.control.is_none() && rng.chance(25);
     trace.push(format!(
-        "store: segment {segment}, {writers} writers, {parts} partitions, faulty {faulty}"
+        "store: segment {segment}, {writers} writers, {parts} partitions, faulty {faulty}, \
+         {sync_steps} steps per sync"
     ));
     let acked: Arc<StdMutex<Acked>> = Arc::default();
     let images: Arc<StdMutex<Vec<(String, FaultFs, Acked)>>> = Arc::default();
@@ -111,11 +121,23 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         let batches = 6 + rng.below(10);
         tasks.push(task(format!("writer {w}"), move || {
             for i in 0..batches {
-                let p = format!("p{}", rng.below(parts));
+                // Now and then a partition of its own: its only record may be one still
+                // queued when a compaction reads the segment it is meant for.
+                let p = if rng.chance(50) {
+                    format!("q{w}-{i}")
+                } else {
+                    format!("p{}", rng.below(parts))
+                };
                 let (key, value) = if rng.chance(40) {
                     (format!("w{w}c"), i.to_string().into_bytes())
                 } else {
-                    let pad = "x".repeat(40 + rng.below(300) as usize);
+                    // Now and then a large value, so segments fill and rotate.
+                    let len = if rng.chance(35) {
+                        1000 + rng.below(1500)
+                    } else {
+                        40 + rng.below(300)
+                    };
+                    let pad = "x".repeat(len as usize);
                     (format!("w{w}k{i}"), format!("{w}:{i}:{pad}").into_bytes())
                 };
                 let batch = Batch::new().put(key.clone(), value.clone());
@@ -209,6 +231,20 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                 .push(("a power cut mid-run".into(), image, before));
         }));
     }
+    // The compactor: compactions on demand (every sealed segment a victim) at points of the
+    // schedule, beside the background compactions of the due ones.
+    if rng.chance(50) {
+        let (store, trace) = (store.clone(), trace.clone());
+        let mut rng = Rng::new(rng.next());
+        let rounds = 4 + rng.below(24);
+        tasks.push(task("compactor".into(), move || {
+            for n in 0..rounds {
+                pause(rng.below(30));
+                let report = store.compact();
+                trace.push(format!("compactor {n}: {report:?}"));
+            }
+        }));
+    }
     for t in tasks {
         t.join().unwrap();
     }
@@ -233,7 +269,11 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         acked,
     ));
     for (what, image, acked) in checks {
-        let reopened = open(&image, clock, None, segment);
+        let disk = SlowDisk {
+            fs: image,
+            sync_steps: 0,
+        };
+        let reopened = open(disk, clock, None, segment);
         holds_all(&reopened, &acked, &format!("S4 after {what}"));
         trace.push(format!("checked {what}: {} acknowledged", acked.0.len()));
         reopened.close().expect("a clean close");
