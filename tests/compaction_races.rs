@@ -12,50 +12,17 @@
 //! compaction reads it without the queued record, and deletes it once the record is
 //! acknowledged, so the partition's read answers `Corrupt` (segment missing).
 //!
-//! Every wait for another thread is bounded ([`STEP`]): a step that never happens fails the test
+//! Every wait for another thread is bounded (`os_files::STEP`): a step that never happens fails the test
 //! with its name instead of hanging it.
 
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
-use std::time::Duration;
 
-use common::os_files::{ObservedOs, ReadObserver};
-use crossbeam::channel::{Receiver, Sender, bounded, unbounded};
+use common::os_files::{SyncGate, observed_os, wait};
+use crossbeam::channel::unbounded;
 use portcullis::store::{Batch, FileStore, Partition, SkipSync, Store};
-
-/// How long the test waits for one step of another thread (a bound on a hang, far above what a
-/// step takes; nothing waits for time to pass).
-const STEP: Duration = Duration::from_secs(30);
-
-/// The next message on `rx`, or a test failure naming what did not happen.
-#[track_caller]
-fn wait<T>(rx: &Receiver<T>, what: &str) -> T {
-    match rx.recv_timeout(STEP) {
-        Ok(message) => message,
-        Err(e) => panic!("{what} within {STEP:?} ({e}): the test would hang"),
-    }
-}
-
-/// Holds the first sync after it is armed: reports it, then waits to be let go.
-#[derive(Debug)]
-struct SyncGate {
-    armed: AtomicBool,
-    held: Sender<()>,
-    go: Receiver<()>,
-}
-
-impl ReadObserver for SyncGate {
-    fn before_read(&self, _len: usize) {}
-    fn before_sync(&self) {
-        if self.armed.swap(false, Ordering::SeqCst) {
-            self.held.send(()).unwrap();
-            wait(&self.go, "the test did not let the held sync go");
-        }
-    }
-}
 
 fn put(store: &FileStore, name: &str, len: usize) -> portcullis::Result<()> {
     let p = Partition::new(name).unwrap();
@@ -92,17 +59,11 @@ const WRITES: [(&str, usize); 4] = [
 
 fn forced_run(control: bool) -> Run {
     let dir = tempfile::tempdir().unwrap();
-    let (held_tx, held_rx) = bounded(1);
-    let (go_tx, go_rx) = bounded(1);
-    let gate = Arc::new(SyncGate {
-        armed: AtomicBool::new(false),
-        held: held_tx,
-        go: go_rx,
-    });
+    let (gate, held_rx, go_tx) = SyncGate::new();
     let (appended_tx, appended_rx) = unbounded();
     let (victims_tx, victims_rx) = unbounded();
     let mut builder = FileStore::builder(dir.path())
-        .vfs(Arc::new(ObservedOs(gate.clone())))
+        .vfs(Arc::new(observed_os(gate.clone())))
         .segment_bytes(4096)
         .snapshot_every_bytes(1 << 40)
         .auto_compact(false)
@@ -119,7 +80,7 @@ fn forced_run(control: bool) -> Run {
     put(&store, WRITES[0].0, WRITES[0].1).unwrap();
     assert_eq!(wait(&appended_rx, "the warm-up commit's append"), "warm");
 
-    gate.armed.store(true, Ordering::SeqCst);
+    gate.arm();
     let spawn_put = |(name, len): (&'static str, usize)| {
         let store = store.clone();
         thread::spawn(move || put(&store, name, len))

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::os_files::{ObservedOs, ReadObserver};
+use common::os_files::{ReadObserver, observed_os};
 use portcullis::inspect::Inspector;
 use portcullis::store::{Batch, FileStore, Partition, Store, SyncPolicy};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
@@ -67,7 +67,7 @@ fn loading_and_compacting_hold_one_record_not_a_chain_or_a_segment() {
     let p = Partition::new("big").unwrap();
     let open = || {
         FileStore::builder(dir.path())
-            .vfs(Arc::new(ObservedOs(Arc::new(Sampling))))
+            .vfs(Arc::new(observed_os(Arc::new(Sampling))))
             .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
             .segment_bytes(80 << 20)
             .auto_compact(false)
@@ -144,7 +144,7 @@ fn open_scans_the_journal_after_the_snapshot_through_a_bounded_window() {
     let written = tempfile::tempdir().unwrap();
     let builder = |dir: &Path| {
         FileStore::builder(dir)
-            .vfs(Arc::new(ObservedOs(Arc::new(Sampling))))
+            .vfs(Arc::new(observed_os(Arc::new(Sampling))))
             .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
             .segment_bytes(128 << 20)
             .snapshot_every_bytes(1 << 40)

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::os_files::{ObservedOs, ReadObserver};
+use common::os_files::{ReadObserver, observed_os};
 use crossbeam::channel::{Receiver, Sender, bounded, unbounded};
 use portcullis::store::{
     Batch, FileStore, FileStoreBuilder, KeyRange, Partition, ScanPage, Store, SyncPolicy,
@@ -96,7 +96,7 @@ fn scan_while_compacting(skip_pin: bool) -> Run {
     let (events_tx, events) = unbounded();
     let waits = events_tx.clone();
     let mut builder: FileStoreBuilder = FileStore::builder(dir.path())
-        .vfs(Arc::new(ObservedOs(gate.clone())))
+        .vfs(Arc::new(observed_os(gate.clone())))
         .sync_policy(SyncPolicy::NeverSyncMayLoseRecent)
         .segment_bytes(4096)
         .snapshot_every_bytes(1 << 40)

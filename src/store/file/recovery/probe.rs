@@ -90,6 +90,29 @@ pub(super) fn find_valid(
     Ok(None)
 }
 
+/// Whether a valid record at or after `first` (the first valid one after a damaged record, as
+/// [`find_valid`] found it) was framed once LSN `lsn` was durable: then the damaged record,
+/// whose LSN that is, had been synced and its damage is not a torn write. The first valid
+/// record after the damage may have been written in the same group commit as the damaged one
+/// (so it proves nothing), while a later one, framed after that group's sync, does; every valid
+/// record up to the end of the window is asked.
+pub(super) fn proves_durable(
+    w: &mut Window,
+    first: Option<(u64, format::Frame)>,
+    seed: u32,
+    after_lsn: Option<u64>,
+    lsn: u64,
+) -> io::Result<bool> {
+    let mut next = first;
+    while let Some((at, frame)) = next {
+        if frame.synced_lsn >= lsn {
+            return Ok(true);
+        }
+        next = find_valid(w, at + 1, seed, after_lsn)?;
+    }
+    Ok(false)
+}
+
 /// Who a damaged record belonged to, when the evidence agrees: a header that still validates,
 /// or a body whose name hashes to the hash in the (unverified) header.
 pub(super) struct Candidate {

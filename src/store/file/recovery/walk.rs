@@ -16,7 +16,9 @@ use super::super::heads::Pages;
 use super::super::journal::{JournalTail, Segment, create_segment, new_salt};
 use super::super::vfs::Vfs;
 use super::super::window::Window;
-use super::probe::{Probe, attribute, find_valid, probe, written_end, zeros_to_end};
+use super::probe::{
+    Probe, attribute, find_valid, probe, proves_durable, written_end, zeros_to_end,
+};
 use super::segment_files::DamagedSegment;
 use super::{DamagedRecord, ScanOutcome, TornTail, UNPROVEN_MARKS};
 use crate::error::{Error, Result};
@@ -252,11 +254,13 @@ impl Walk {
             let after = expected.map(|e| e.saturating_sub(1));
             let next = find_valid(&mut w, at + 1, segment.seed, after).map_err(read)?;
             // In the last segment, damage is a torn write unless a later record was framed
-            // after the damaged one had become durable.
-            let durable_damage = match (&next, expected) {
-                (Some((_, f)), Some(lsn)) => f.synced_lsn >= lsn,
-                (Some(_), None) => true,
-                (None, _) => false,
+            // after the damaged one had become durable (not only the next one: that may have
+            // been written in the same group commit as the damaged record).
+            let durable_damage = match expected {
+                Some(lsn) => {
+                    proves_durable(&mut w, next, segment.seed, after, lsn).map_err(read)?
+                }
+                None => next.is_some(),
             };
             if is_last && !durable_damage {
                 self.torn_tail(&mut w, segment, number, at)?;
