@@ -8,9 +8,10 @@
 
 #![allow(dead_code)]
 
+pub mod bit_rot;
+pub mod disk;
 pub mod engine_load;
 pub mod net;
-pub mod slow_disk;
 pub mod store_load;
 
 use std::collections::hash_map::DefaultHasher;
@@ -44,16 +45,20 @@ pub enum Control {
     /// without sealing the log, so a delayed copy can still commit
     /// (`OwnerSwitches::unsealed_settlement`).
     UnsealedSettlement,
+    /// Values cut out of a merged read skip their checksums (`skip_value_checks`), so a
+    /// damaged value can be served.
+    ValueChecks,
 }
 
 impl Control {
-    pub const ALL: [Control; 6] = [
+    pub const ALL: [Control; 7] = [
         Control::SealedVictims,
         Control::GuardOnlyWait,
         Control::BypassFence,
         Control::RetireUnguarded,
         Control::FirstUseTakesOver,
         Control::UnsealedSettlement,
+        Control::ValueChecks,
     ];
 
     pub fn name(self) -> &'static str {
@@ -64,6 +69,7 @@ impl Control {
             Control::RetireUnguarded => "retire-unguarded",
             Control::FirstUseTakesOver => "first-use-takes-over",
             Control::UnsealedSettlement => "unsealed-settlement",
+            Control::ValueChecks => "value-checks",
         }
     }
 
@@ -74,7 +80,10 @@ impl Control {
     /// Whether a seed's workload can meet this defect (the workload the seed picks must run
     /// the code the switch changes).
     pub fn store_side(self) -> bool {
-        matches!(self, Control::SealedVictims | Control::GuardOnlyWait)
+        matches!(
+            self,
+            Control::SealedVictims | Control::GuardOnlyWait | Control::ValueChecks
+        )
     }
 }
 

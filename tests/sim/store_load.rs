@@ -6,30 +6,34 @@
 //! reads what was acknowledged; a checker commits guard-only batches on another writer's
 //! counter as `get_for_update` shows it and cuts the power right after each answer; a cutter
 //! cuts the power at a point of the schedule; a compactor asks for compactions of every sealed
-//! segment; some seeds make one disk operation fail (once, or the disk dies there), and most
-//! run on a slow disk whose syncs take many steps ([`SlowDisk`]). Checked:
+//! segment. Most seeds run on a slow disk whose syncs take many steps ([`SimDisk`]); some make
+//! one disk operation fail (once, or the disk dies there), others fill the disk up. Checked:
 //!
 //! - every acknowledged batch reads back while the store runs (linearizable reads, S3, S14),
-//!   unless the disk failed;
+//!   unless the disk failed; on a full disk too (it refuses writes, not reads);
+//! - a commit fails only on a failing or full disk, and never as `Corrupt`;
 //! - after close, and in every crash image, every batch acknowledged before the image was
-//!   taken is there (S3, S4), and a counter never goes back;
+//!   taken is there (S3, S4), a counter never goes back, and the reopened store takes writes;
 //! - a guard-only batch answered `Committed` was decided on durable state: the image cut
 //!   right after its answer holds the value it was guarded on (S14);
+//! - bit rot on the disk the run left is noticed (half the seeds, [`bit_rot`]);
 //! - nothing waits for ever (shuttle reports a deadlock with the waiting tasks named).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex as StdMutex};
 
+use portcullis::Error;
 use portcullis::Spawner;
 use portcullis::clock::SimClock;
 use portcullis::store::{Batch, FailMode, FaultFs, FileStore, Outcome, Partition, SkipSync, Store};
 
-use super::slow_disk::SlowDisk;
+use super::bit_rot;
+use super::disk::SimDisk;
 use super::{Control, Plan, Rng, Trace, pause, task};
 
 /// What was acknowledged: per partition and key, the value (a counter: the highest).
 #[derive(Clone, Debug, Default)]
-struct Acked(BTreeMap<(String, String), Vec<u8>>);
+pub struct Acked(pub BTreeMap<(String, String), Vec<u8>>);
 
 impl Acked {
     fn record(&mut self, p: &str, key: &str, value: &[u8]) {
@@ -41,7 +45,7 @@ impl Acked {
 }
 
 /// A counter key's value is its number; other values compare as 0.
-fn counter(value: &[u8]) -> u64 {
+pub fn counter(value: &[u8]) -> u64 {
     std::str::from_utf8(value)
         .ok()
         .and_then(|s| s.parse().ok())
@@ -68,7 +72,7 @@ fn holds_all(store: &FileStore, acked: &Acked, what: &str) {
     }
 }
 
-fn open(disk: SlowDisk, clock: &SimClock, control: Option<Control>, segment: u64) -> FileStore {
+fn open(disk: SimDisk, clock: &SimClock, control: Option<Control>, segment: u64) -> FileStore {
     let mut builder = FileStore::builder("/sim")
         .vfs(Arc::new(disk))
         .clock(Arc::new(clock.clone()))
@@ -78,6 +82,7 @@ fn open(disk: SlowDisk, clock: &SimClock, control: Option<Control>, segment: u64
     match control {
         Some(Control::SealedVictims) => builder = builder.skip_sync(SkipSync::SealedVictims),
         Some(Control::GuardOnlyWait) => builder = builder.skip_sync(SkipSync::GuardOnlyWait),
+        Some(Control::ValueChecks) => builder = builder.skip_value_checks(),
         _ => {}
     }
     builder.open().expect("the store opens")
@@ -88,14 +93,25 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     let segment = 4096 * (1 + rng.below(3));
     // A slow disk in two seeds of three: background work runs while a leader syncs.
     let sync_steps = if rng.chance(67) { rng.below(100) } else { 0 };
-    let disk = SlowDisk {
-        fs: fs.clone(),
+    let disk = SimDisk {
         sync_steps,
+        ..SimDisk::plain(fs.clone())
     };
-    let store = Arc::new(open(disk, clock, plan.control, segment));
+    let store = Arc::new(open(disk.clone(), clock, plan.control, segment));
     let writers = 2 + rng.below(3);
     let parts = 1 + rng.below(3);
     let faulty = plan.control.is_none() && rng.chance(25);
+    // A disk that fills up in some seeds without other faults: writes then fail, and every
+    // acknowledged batch must still read back.
+    let full = plan.control.is_none() && !faulty && rng.chance(20);
+    if full {
+        let room = 2_000 + rng.below(30_000);
+        disk.full_after.store(
+            fs.bytes_written() + room,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        trace.push(format!("the disk fills up after {room} more bytes"));
+    }
     trace.push(format!(
         "store: segment {segment}, {writers} writers, {parts} partitions, faulty {faulty}, \
          {sync_steps} steps per sync"
@@ -149,7 +165,14 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                         .unwrap_or_else(|p| p.into_inner())
                         .record(&p, &key, &value),
                     Ok(other) => panic!("an unguarded batch answered {other:?}"),
-                    Err(_) => failed.store(true, std::sync::atomic::Ordering::SeqCst),
+                    Err(e) => {
+                        assert!(faulty || full, "a commit failed on a healthy disk: {e}");
+                        assert!(
+                            !matches!(e, Error::Corrupt { .. }),
+                            "a failing disk made a commit answer Corrupt: {e}"
+                        );
+                        failed.store(true, std::sync::atomic::Ordering::SeqCst)
+                    }
                 }
             }
         }));
@@ -175,8 +198,10 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                 let ((p, key), value) = seen.0.iter().nth(pick).unwrap();
                 let got = store.get(&Partition::new(p).unwrap(), key.as_bytes());
                 trace.push(format!("reader get {p}/{key}: {}", got.is_ok()));
-                if failed.load(std::sync::atomic::Ordering::SeqCst) || fs.injected().is_some() {
-                    continue; // a failed disk may refuse reads
+                if faulty
+                    && (failed.load(std::sync::atomic::Ordering::SeqCst) || fs.injected().is_some())
+                {
+                    continue; // a failed disk may refuse reads (a full one may not)
                 }
                 let got = got
                     .unwrap_or_else(|e| panic!("S14: reading acknowledged {p}/{key} failed: {e}"));
@@ -254,8 +279,14 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     if !failed {
         fs.clear_faults();
     }
-    if !failed {
-        holds_all(&store, &acked, "S3 while running");
+    // A full disk refuses writes, never reads: what was acknowledged still reads back.
+    if !(faulty && failed) {
+        let what = if full && failed {
+            "S3 on a full disk"
+        } else {
+            "S3 while running"
+        };
+        holds_all(&store, &acked, what);
     }
     let closed = store.close();
     trace.push(format!("close: {}", closed.is_ok()));
@@ -268,14 +299,27 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         fs.crash(rng.next()),
         acked,
     ));
+    let rot = checks
+        .last()
+        .map(|(_, image, acked)| (image.fork(), acked.clone()));
     for (what, image, acked) in checks {
-        let disk = SlowDisk {
-            fs: image,
-            sync_steps: 0,
-        };
-        let reopened = open(disk, clock, None, segment);
+        let reopened = open(SimDisk::plain(image), clock, None, segment);
         holds_all(&reopened, &acked, &format!("S4 after {what}"));
+        // The reopened store takes writes again (after a full disk too).
+        let p = Partition::new("after").unwrap();
+        let outcome = reopened.apply(&p, &Batch::new().put(b"k".to_vec(), b"v".to_vec()));
+        assert!(
+            matches!(outcome, Ok(Outcome::Committed)),
+            "the store reopened after {what} refused a write: {outcome:?}"
+        );
         trace.push(format!("checked {what}: {} acknowledged", acked.0.len()));
         reopened.close().expect("a clean close");
+    }
+    // Bit rot on the disk the run left, in half the seeds.
+    if let Some((image, acked)) = rot
+        && rng.chance(50)
+    {
+        let reopen = |image| open(SimDisk::plain(image), clock, plan.control, segment);
+        bit_rot::check(image, &acked, rng, reopen, trace);
     }
 }
