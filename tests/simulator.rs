@@ -50,7 +50,7 @@ fn long_lane() {
 /// find it: four times the seeds it took when measured, or four times the mean gap between the
 /// seeds that find it, whichever is more (docs/SIMULATION.md, "Teeth"); `SealedVictims` is
 /// rare (about one seed in a hundred), so its bound comes from the gap.
-pub const TEETH: [(Control, u64); 7] = [
+pub const TEETH: [(Control, u64); 10] = [
     (Control::SealedVictims, 420),
     (Control::GuardOnlyWait, 60),
     (Control::ValueChecks, 28),
@@ -58,6 +58,9 @@ pub const TEETH: [(Control, u64); 7] = [
     (Control::RetireUnguarded, 64),
     (Control::FirstUseTakesOver, 20),
     (Control::UnsealedSettlement, 12),
+    (Control::DeferredHookUnderGate, 12),
+    (Control::CloseLeavesBackground, 4),
+    (Control::PassivateUnguarded, 1340),
 ];
 
 #[test]

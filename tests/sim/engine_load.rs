@@ -36,12 +36,13 @@ use portcullis::fence::{RevokeBudget, RevokeProgress};
 use portcullis::store::{FaultFs, FileStore, MemoryStore, Store};
 use portcullis::{ApplyContext, Engine, EntityId, Error, Namespace, Rejection, StateMachine};
 
+use super::hooks::ReadsOnDeferral;
 use super::net::{Delivery, Net};
 use super::{Control, Plan, Rng, Trace, pause, task};
 
 /// Folds records (8-byte numbers) into the list of them; counts restore units per entity.
 #[derive(Debug, Default)]
-struct Sim {
+pub struct Sim {
     units: StdMutex<BTreeMap<String, u64>>,
 }
 
@@ -80,7 +81,7 @@ impl StateMachine for Sim {
     }
 }
 
-type SimEngine = Engine<Arc<Sim>>;
+pub type SimEngine = Engine<Arc<Sim>>;
 
 struct Owner {
     name: &'static str,
@@ -90,6 +91,8 @@ struct Owner {
     /// Passes of the engine's lease sweeper, which only its background thread's schedule
     /// starts (`Event::Swept`).
     sweeps: Arc<AtomicU64>,
+    /// Its `deferred` metrics hook that reads the entity it reports on, if it has one.
+    hook: Option<Arc<ReadsOnDeferral>>,
 }
 
 /// The store the owners share, or (behind the simulated network) a view of it per owner.
@@ -132,7 +135,14 @@ fn settled_not_committed(e: &Error) -> bool {
 }
 
 fn open_owner(name: &'static str, backend: &Backend, budget: Option<usize>) -> Owner {
-    open_owner_with(name, backend, budget, false, OwnerSwitches::default())
+    open_owner_with(
+        name,
+        backend,
+        budget,
+        false,
+        OwnerSwitches::default(),
+        false,
+    )
 }
 
 fn open_owner_with(
@@ -141,6 +151,7 @@ fn open_owner_with(
     budget: Option<usize>,
     first_use: bool,
     switches: OwnerSwitches,
+    reads_on_deferral: bool,
 ) -> Owner {
     let machine = Arc::new(Sim::default());
     let sweeps = Arc::new(AtomicU64::new(0));
@@ -163,13 +174,21 @@ fn open_owner_with(
     if let Some(b) = budget {
         builder = builder.max_resident_entities(b);
     }
+    let hook = reads_on_deferral.then(ReadsOnDeferral::new);
+    if let Some(hook) = &hook {
+        builder = builder.metrics(hook.clone());
+    }
     let engine = builder.open().expect("the engine opens");
+    if let Some(hook) = &hook {
+        hook.attach(engine.clone());
+    }
     Owner {
         name,
         engine,
         machine,
         budget,
         sweeps,
+        hook,
     }
 }
 
@@ -229,18 +248,27 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     ));
     let a_switches = OwnerSwitches {
         unsealed_settlement: plan.control == Some(Control::UnsealedSettlement),
+        deferred_hook_under_gate: plan.control == Some(Control::DeferredHookUnderGate),
+        close_leaves_background: plan.control == Some(Control::CloseLeavesBackground),
         ..OwnerSwitches::default()
     };
+    // In a third of the seeds `a`'s `deferred` metrics hook reads the entity it reports on
+    // (SPEC R11). Drawn from a generator of its own, so the rest of the seed's workload is as
+    // without it.
+    let reads_on_deferral = Rng::new(plan.seed ^ 0xdefe_22ed).chance(33)
+        || plan.control == Some(Control::DeferredHookUnderGate);
     let a = Arc::new(open_owner_with(
         "a",
         &backend_of_owners,
         budget,
         false,
         a_switches,
+        reads_on_deferral,
     ));
     match plan.control {
         Some(Control::BypassFence) => a.engine.set_bypass_fence_for_test(true),
         Some(Control::RetireUnguarded) => a.engine.set_retire_unguarded_for_test(true),
+        Some(Control::PassivateUnguarded) => a.engine.set_passivate_unguarded_for_test(true),
         _ => {}
     }
     a.engine.own(&ns).expect("a owns the namespace");
@@ -265,8 +293,15 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
             None,
             true,
             switches,
+            false,
         ))
     });
+    // Passivation unguarded in every engine of the seed: the final passivations are `b`'s.
+    if plan.control == Some(Control::PassivateUnguarded) {
+        for owner in [b.as_ref(), bystander.as_ref()].into_iter().flatten() {
+            owner.engine.set_passivate_unguarded_for_test(true);
+        }
+    }
     if bystander.is_some() {
         trace.push("bystander c".into());
     }
@@ -542,6 +577,13 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     ));
     let closed_a = a.engine.close();
     trace.push(format!("a closes: {}", closed_a.is_ok()));
+    if let Some(hook) = &a.hook {
+        hook.detach();
+        trace.push(format!(
+            "a's deferred hook read {} times",
+            hook.reads.load(Ordering::SeqCst)
+        ));
+    }
     if let Some(b) = &b {
         let closed_b = b.engine.close();
         trace.push(format!("b closes: {}", closed_b.is_ok()));

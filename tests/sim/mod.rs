@@ -11,6 +11,7 @@
 pub mod bit_rot;
 pub mod disk;
 pub mod engine_load;
+pub mod hooks;
 pub mod net;
 pub mod store_load;
 
@@ -48,10 +49,20 @@ pub enum Control {
     /// Values cut out of a merged read skip their checksums (`skip_value_checks`), so a
     /// damaged value can be served.
     ValueChecks,
+    /// The `deferred` metrics hook runs while its deferral still counts in the entity's gate,
+    /// so a hook that reads that entity waits for itself
+    /// (`OwnerSwitches::deferred_hook_under_gate`).
+    DeferredHookUnderGate,
+    /// Close does not stop the engine's background thread, which keeps the owners, the
+    /// sweeper and the store (`OwnerSwitches::close_leaves_background`).
+    CloseLeavesBackground,
+    /// Passivation drops entities in any phase, in the middle of a restore or contained
+    /// (`Engine::set_passivate_unguarded_for_test`).
+    PassivateUnguarded,
 }
 
 impl Control {
-    pub const ALL: [Control; 7] = [
+    pub const ALL: [Control; 10] = [
         Control::SealedVictims,
         Control::GuardOnlyWait,
         Control::BypassFence,
@@ -59,6 +70,9 @@ impl Control {
         Control::FirstUseTakesOver,
         Control::UnsealedSettlement,
         Control::ValueChecks,
+        Control::DeferredHookUnderGate,
+        Control::CloseLeavesBackground,
+        Control::PassivateUnguarded,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +84,9 @@ impl Control {
             Control::FirstUseTakesOver => "first-use-takes-over",
             Control::UnsealedSettlement => "unsealed-settlement",
             Control::ValueChecks => "value-checks",
+            Control::DeferredHookUnderGate => "deferred-hook-under-gate",
+            Control::CloseLeavesBackground => "close-leaves-background",
+            Control::PassivateUnguarded => "passivate-unguarded",
         }
     }
 
