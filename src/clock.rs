@@ -68,8 +68,12 @@ pub(crate) fn wait_until<T>(
         if clock.instant() >= deadline {
             return true;
         }
-        clock.wake_at(deadline, waker);
-        cv.wait(guard);
+        clock.wake_at(deadline, waker.clone());
+        // Registering the timer let the clock's task run: it may have fired it already, and a
+        // wait now would wait for a wake-up that came and went.
+        if !waker.fired() {
+            cv.wait(guard);
+        }
         return clock.instant() >= deadline;
     }
     let _ = clock;

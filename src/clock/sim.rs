@@ -93,13 +93,27 @@ impl SimClock {
 
     /// Fires timers until [`stop`](Self::stop): run this in one task of the simulation.
     pub fn run_timers(&self) {
+        // Fired timers whose wait has not returned: woken again until it does. A wake-up can
+        // reach the condvar in the instant before its waiter waits (the waiter's release of its
+        // lock inside the wait is a point where this task may run), and would be lost.
+        let mut unanswered: Vec<CondvarWaker> = Vec::new();
         loop {
-            let mut timers = self.shared.timers.lock();
-            while timers.pending.is_empty() && !timers.stopped {
-                self.shared.changed.wait(&mut timers);
+            unanswered.retain(CondvarWaker::awaited);
+            for waker in &unanswered {
+                waker.wake();
             }
+            let mut timers = self.shared.timers.lock();
             if timers.stopped {
                 return;
+            }
+            if timers.pending.is_empty() {
+                if unanswered.is_empty() {
+                    self.shared.changed.wait(&mut timers);
+                } else {
+                    drop(timers);
+                    shuttle::thread::yield_now();
+                }
+                continue;
             }
             let next = earliest(&timers.pending);
             drop(timers);
@@ -144,9 +158,10 @@ impl SimClock {
             });
             timers.fired += due.len() as u64;
             drop(timers);
-            for waker in due {
+            for waker in &due {
                 waker.wake();
             }
+            unanswered.extend(due);
         }
     }
 
