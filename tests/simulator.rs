@@ -50,17 +50,18 @@ fn long_lane() {
 /// find it: four times the seeds it took when measured, or four times the mean gap between the
 /// seeds that find it, whichever is more (docs/SIMULATION.md, "Teeth"); `SealedVictims` is
 /// rare (about one seed in a hundred), so its bound comes from the gap.
-pub const TEETH: [(Control, u64); 10] = [
+pub const TEETH: [(Control, u64); 11] = [
     (Control::SealedVictims, 420),
     (Control::GuardOnlyWait, 60),
     (Control::ValueChecks, 28),
-    (Control::BypassFence, 740),
-    (Control::RetireUnguarded, 64),
+    (Control::BypassFence, 180),
+    (Control::RetireUnguarded, 50),
     (Control::FirstUseTakesOver, 20),
-    (Control::UnsealedSettlement, 12),
-    (Control::DeferredHookUnderGate, 12),
+    (Control::UnsealedSettlement, 36),
+    (Control::DeferredHookUnderGate, 10),
     (Control::CloseLeavesBackground, 4),
-    (Control::PassivateUnguarded, 1340),
+    (Control::PassivateUnguarded, 2000),
+    (Control::StaleHoldingServed, 1600),
 ];
 
 #[test]

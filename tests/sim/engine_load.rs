@@ -9,9 +9,14 @@
 //! numbers, a deferrer defers records to entities (restored or not), a passivator drops
 //! entities under a budget, a warm runs, the wall clock jumps (leases expire, the sweeper
 //! deletes rows), and on some seeds owner `b` takes the namespace over (bump, revoke to
-//! `Complete`, own) while `a` still writes. Checked:
+//! `Complete`, own) while `a` still writes; on half of those `b` writes and `a` takes the
+//! namespace back ([`super::take_back`]) while a reader task of `a` passivates and reads its
+//! entities. The state machine may be slow to fold a record, and `a`'s `deferred` metrics
+//! hook may read the entity it reports on ([`super::hooks`]). Checked (the checks after the
+//! run are in [`super::engine_checks`]):
 //!
-//! - F7: once `b`'s revocation answered `Complete`, no write `a` starts commits;
+//! - F7: once `b`'s revocation answered `Complete`, no write `a` starts commits (until `a`
+//!   begins to take the namespace back);
 //! - every acknowledged record and every accepted deferral is in the entity's history exactly
 //!   once, and the folded state is that history (no acknowledged batch lost or rolled back, R8
 //!   deferred work applied exactly once, R2); the history is read by a fresh restore of each
@@ -23,7 +28,9 @@
 //! - no healthy entity is contained (R4), and memory stays within its budget at every step
 //!   (R10);
 //! - on some take-overs a bystander `c` (first-use adoption on) reads the namespace's
-//!   entities meanwhile; it never takes the namespace, so `b` owns it after (F12);
+//!   entities meanwhile; it never takes the namespace, so `b` (or `a`, having taken it back)
+//!   owns it after (F12);
+//! - the state the current owner serves at the end is what a fresh restore gives (R2, F11);
 //! - nothing waits for ever (shuttle reports a deadlock with the waiting tasks named).
 
 use std::collections::BTreeMap;
@@ -36,14 +43,19 @@ use portcullis::fence::{RevokeBudget, RevokeProgress};
 use portcullis::store::{FaultFs, FileStore, MemoryStore, Store};
 use portcullis::{ApplyContext, Engine, EntityId, Error, Namespace, Rejection, StateMachine};
 
+use super::engine_checks::{self, Finished};
 use super::hooks::ReadsOnDeferral;
 use super::net::{Delivery, Net};
+use super::take_back::{self, TakeBack};
 use super::{Control, Plan, Rng, Trace, pause, task};
 
 /// Folds records (8-byte numbers) into the list of them; counts restore units per entity.
+/// Applying a record lets the other tasks run `apply_steps` steps first, as folding real
+/// records takes time (restore units then span more of what other tasks do).
 #[derive(Debug, Default)]
 pub struct Sim {
-    units: StdMutex<BTreeMap<String, u64>>,
+    pub units: StdMutex<BTreeMap<String, u64>>,
+    apply_steps: u64,
 }
 
 impl StateMachine for Sim {
@@ -63,6 +75,7 @@ impl StateMachine for Sim {
         let bytes: [u8; 8] = r
             .try_into()
             .map_err(|_| Rejection::new("a record is 8 bytes"))?;
+        pause(self.apply_steps);
         s.push(u64::from_le_bytes(bytes));
         Ok(())
     }
@@ -83,16 +96,16 @@ impl StateMachine for Sim {
 
 pub type SimEngine = Engine<Arc<Sim>>;
 
-struct Owner {
-    name: &'static str,
-    engine: SimEngine,
-    machine: Arc<Sim>,
-    budget: Option<usize>,
+pub struct Owner {
+    pub name: &'static str,
+    pub engine: SimEngine,
+    pub machine: Arc<Sim>,
+    pub budget: Option<usize>,
     /// Passes of the engine's lease sweeper, which only its background thread's schedule
     /// starts (`Event::Swept`).
-    sweeps: Arc<AtomicU64>,
+    pub sweeps: Arc<AtomicU64>,
     /// Its `deferred` metrics hook that reads the entity it reports on, if it has one.
-    hook: Option<Arc<ReadsOnDeferral>>,
+    pub hook: Option<Arc<ReadsOnDeferral>>,
 }
 
 /// The store the owners share, or (behind the simulated network) a view of it per owner.
@@ -100,6 +113,8 @@ struct Backend {
     store: Arc<dyn Store>,
     net: Option<Arc<Net>>,
     clock: SimClock,
+    /// Steps each owner's state machine takes to apply a record.
+    apply_steps: u64,
 }
 
 impl Backend {
@@ -153,7 +168,10 @@ fn open_owner_with(
     switches: OwnerSwitches,
     reads_on_deferral: bool,
 ) -> Owner {
-    let machine = Arc::new(Sim::default());
+    let machine = Arc::new(Sim {
+        apply_steps: backend.apply_steps,
+        ..Sim::default()
+    });
     let sweeps = Arc::new(AtomicU64::new(0));
     let counted = sweeps.clone();
     let listener = move |event: &portcullis::observe::Event| {
@@ -208,6 +226,8 @@ fn within_budget(owner: &Owner) {
 pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     let backend = match plan.control {
         Some(Control::UnsealedSettlement) => 3,
+        // A take-back runs only without the network.
+        Some(Control::StaleHoldingServed) => rng.below(3),
         _ => rng.below(4),
     };
     let net = (backend == 3).then(|| {
@@ -231,17 +251,32 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                 .expect("the store opens"),
         ),
     };
+    // A slow state machine in half the seeds (drawn from a generator of its own).
+    let apply_steps = [0, 0, 3, 12][Rng::new(plan.seed ^ 0x736c_6f77).below(4) as usize];
     let backend_of_owners = Backend {
         store: store.clone(),
         net: net.clone(),
         clock: clock.clone(),
+        apply_steps,
     };
     let entities: Vec<EntityId> = (0..2 + rng.below(3))
         .map(|i| EntityId::new("sim", format!("e{i}")).unwrap())
         .collect();
     let ns: Namespace = entities[0].namespace().clone();
     let budget = rng.chance(40).then(|| 1 + rng.below(2) as usize);
-    let takeover = rng.chance(50) || plan.control == Some(Control::BypassFence);
+    let takeover = rng.chance(50)
+        || matches!(
+            plan.control,
+            Some(Control::BypassFence | Control::StaleHoldingServed)
+        );
+    // In half the take-over seeds (not behind the network, whose delayed copies name only
+    // their sender, not the holding they were sent under) `b` writes and `a` takes the
+    // namespace back. Drawn from a generator of its own.
+    let take_back = (takeover
+        && backend != 3
+        && (Rng::new(plan.seed ^ 0x7a6b_6261).chance(50)
+            || plan.control == Some(Control::StaleHoldingServed)))
+    .then(|| Arc::new(TakeBack::default()));
     trace.push(format!(
         "engine: backend {backend}, {} entities, budget {budget:?}, take-over {takeover}",
         entities.len()
@@ -250,6 +285,7 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         unsealed_settlement: plan.control == Some(Control::UnsealedSettlement),
         deferred_hook_under_gate: plan.control == Some(Control::DeferredHookUnderGate),
         close_leaves_background: plan.control == Some(Control::CloseLeavesBackground),
+        stale_holding_served: plan.control == Some(Control::StaleHoldingServed),
         ..OwnerSwitches::default()
     };
     // In a third of the seeds `a`'s `deferred` metrics hook reads the entity it reports on
@@ -313,13 +349,14 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     let complete = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for w in 0..2u64 {
-        let (a, acked, refused, trace, complete, entities) = (
+        let (a, acked, refused, trace, complete, entities, take_back) = (
             a.clone(),
             acked.clone(),
             refused.clone(),
             trace.clone(),
             complete.clone(),
             entities.clone(),
+            take_back.clone(),
         );
         let lossy = net.is_some();
         let mut rng = Rng::new(rng.next());
@@ -333,7 +370,8 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                 match outcome {
                     Ok(_) => {
                         assert!(
-                            !started_after,
+                            !started_after
+                                || take_back::may_commit_after_completion(take_back.as_ref()),
                             "F7: a's append of {record} to {e}, started after b's revocation completed, committed"
                         );
                         acked.lock().unwrap_or_else(|p| p.into_inner()).entry(e.to_string()).or_default().push(record);
@@ -412,6 +450,35 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
             }
         }));
     }
+    // `a` passivates and reads its entities again and again until a take-back ends (or a
+    // dozen times), so its restore units run through a take-over and a take-back and may span
+    // them. Drawn from a generator of its own.
+    {
+        let (a, trace, entities, take_back) = (
+            a.clone(),
+            trace.clone(),
+            entities.clone(),
+            take_back.clone(),
+        );
+        let mut rng = Rng::new(plan.seed ^ 0x7265_6164);
+        tasks.push(task("reader".into(), move || {
+            for _ in 0..12 {
+                if take_back
+                    .as_ref()
+                    .is_some_and(|t| t.back.load(Ordering::SeqCst))
+                {
+                    break;
+                }
+                pause(rng.below(30));
+                let e = &entities[rng.below(entities.len() as u64) as usize];
+                let passivated = a.engine.passivate(e);
+                let read = a.engine.read(e, |s| s.len());
+                trace.push(format!(
+                    "a passivates {e} ({passivated:?}) and reads: {read:?}"
+                ));
+            }
+        }));
+    }
     {
         let (clock, trace) = (clock.clone(), trace.clone());
         let mut rng = Rng::new(rng.next());
@@ -426,7 +493,14 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     }
     if let Some(b) = &b {
         let (b, trace, complete, ns) = (b.clone(), trace.clone(), complete.clone(), ns.clone());
+        let (a, entities, acked, take_back) = (
+            a.clone(),
+            entities.clone(),
+            acked.clone(),
+            take_back.clone(),
+        );
         let mut rng = Rng::new(rng.next());
+        let mut back_rng = Rng::new(plan.seed ^ 0x6261_636b);
         tasks.push(task("take-over".into(), move || {
             pause(rng.below(80));
             let epoch = b.engine.current_epoch(&ns).unwrap_or(0) + 1;
@@ -448,6 +522,9 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
             }
             let owned = b.engine.own(&ns);
             trace.push(format!("b owns: {owned:?}"));
+            if let Some(state) = &take_back {
+                take_back::run(&a, &b, &entities, &acked, state, &mut back_rng, &trace);
+            }
         }));
     }
     if let Some(c) = &bystander {
@@ -480,113 +557,21 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     for delivery in net.iter().flat_map(|net| net.calm()) {
         arrived(delivery, &complete, trace);
     }
-    // The final word on each entity: the current owner's (b's after a take-over, which is
-    // finished here if the run left it unfinished: leases expire as the wall clock moves).
-    let reader = match &b {
-        Some(b) => {
-            for step in 0..400 {
-                if let Ok(RevokeProgress::Complete) =
-                    b.engine.revoke_step(&ns, RevokeBudget::default())
-                {
-                    complete.store(true, Ordering::SeqCst);
-                    break;
-                }
-                if step % 8 == 7 {
-                    clock.wall().advance(31_000);
-                }
-                pause(1);
-            }
-            if let Err(e) = b.engine.own(&ns) {
-                panic!("F12: b does not own the namespace after its take-over: {e}");
-            }
-            b.clone()
-        }
-        None => a.clone(),
+    let finished = Finished {
+        a: &a,
+        b: b.as_ref(),
+        net: net.as_ref(),
+        complete: &complete,
+        back: take_back
+            .as_ref()
+            .is_some_and(|t| t.back.load(Ordering::SeqCst)),
+        clock,
+        ns: &ns,
+        entities: &entities,
+        acked: &acked,
+        refused: &refused,
+        trace,
     };
-    let acked = acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let refused = refused.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    for e in &entities {
-        // Restored afresh from the store, so the history checked is the store's.
-        let passivated = reader.engine.passivate(e);
-        trace.push(format!("final passivation of {e}: {passivated:?}"));
-        let state = reader
-            .engine
-            .read(e, |s| s.clone())
-            .unwrap_or_else(|err| panic!("R4: {e} is not served after the run: {err}"));
-        let mut seen = BTreeMap::new();
-        for r in &state {
-            *seen.entry(*r).or_insert(0u32) += 1;
-        }
-        for (r, n) in &seen {
-            assert_eq!(*n, 1, "R2/R8: record {r} is in {e}'s history {n} times");
-        }
-        for r in refused.get(&e.to_string()).into_iter().flatten() {
-            assert!(
-                !seen.contains_key(r),
-                "F12/S2: record {r}, answered as settled never to commit, is in {e}'s history {state:?}"
-            );
-        }
-        for r in acked.get(&e.to_string()).into_iter().flatten() {
-            assert!(
-                seen.contains_key(r),
-                "S3/R8: acknowledged record {r} is missing from {e}'s history {state:?}"
-            );
-        }
-        trace.push(format!("{e}: {} records", state.len()));
-    }
-    for owner in [Some(&a), b.as_ref()].into_iter().flatten() {
-        let stats = owner.engine.stats();
-        assert_eq!(
-            stats.phases.contained, 0,
-            "R4: {} contained a healthy entity",
-            owner.name
-        );
-        // Each activation restores once: the first touch, and one after each passivation
-        // (explicit or under the budget); `fresh` runs in a unit without a checkpoint.
-        // A unit whose batch lost its answer runs again (R4): one more per batch the network
-        // disturbed on the entity's partition.
-        let allowed = 1 + stats.passivation.passivations + stats.passivation.reactivations;
-        for (e, units) in owner
-            .machine
-            .units
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-        {
-            let retries = net.as_ref().map_or(0, |net| {
-                entities
-                    .iter()
-                    .find(|id| id.to_string() == *e)
-                    .map_or(0, |id| net.disturbed(&id.partition()))
-            });
-            let allowed = allowed + retries;
-            assert!(
-                *units <= allowed,
-                "R2/R10: {} ran {e}'s restore unit {units} times for at most {allowed} activations",
-                owner.name
-            );
-        }
-    }
-    // Close both; a deposed owner may answer that it no longer serves.
-    // The engine's own schedule runs on virtual time: its sweeps fall due as the simulated
-    // clock moves (the simulator's `engine_time_is_virtual` reads this line).
-    trace.push(format!(
-        "a's background sweeps: {} in {:?} virtual",
-        a.sweeps.load(Ordering::SeqCst),
-        clock.elapsed()
-    ));
-    let closed_a = a.engine.close();
-    trace.push(format!("a closes: {}", closed_a.is_ok()));
-    if let Some(hook) = &a.hook {
-        hook.detach();
-        trace.push(format!(
-            "a's deferred hook read {} times",
-            hook.reads.load(Ordering::SeqCst)
-        ));
-    }
-    if let Some(b) = &b {
-        let closed_b = b.engine.close();
-        trace.push(format!("b closes: {}", closed_b.is_ok()));
-    }
+    engine_checks::after_run(&finished);
     let _ = store.close();
 }

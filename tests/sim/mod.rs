@@ -10,10 +10,12 @@
 
 pub mod bit_rot;
 pub mod disk;
+pub mod engine_checks;
 pub mod engine_load;
 pub mod hooks;
 pub mod net;
 pub mod store_load;
+pub mod take_back;
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -59,10 +61,13 @@ pub enum Control {
     /// Passivation drops entities in any phase, in the middle of a restore or contained
     /// (`Engine::set_passivate_unguarded_for_test`).
     PassivateUnguarded,
+    /// A restore unit that spans a re-adoption of its namespace installs the state it restored
+    /// under the old holding (`OwnerSwitches::stale_holding_served`).
+    StaleHoldingServed,
 }
 
 impl Control {
-    pub const ALL: [Control; 10] = [
+    pub const ALL: [Control; 11] = [
         Control::SealedVictims,
         Control::GuardOnlyWait,
         Control::BypassFence,
@@ -73,6 +78,7 @@ impl Control {
         Control::DeferredHookUnderGate,
         Control::CloseLeavesBackground,
         Control::PassivateUnguarded,
+        Control::StaleHoldingServed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -87,6 +93,7 @@ impl Control {
             Control::DeferredHookUnderGate => "deferred-hook-under-gate",
             Control::CloseLeavesBackground => "close-leaves-background",
             Control::PassivateUnguarded => "passivate-unguarded",
+            Control::StaleHoldingServed => "stale-holding-served",
         }
     }
 
