@@ -50,7 +50,7 @@ fn long_lane() {
 /// find it: four times the seeds it took when measured, or four times the mean gap between the
 /// seeds that find it, whichever is more (docs/SIMULATION.md, "Teeth"); `SealedVictims` is
 /// rare (about one seed in a hundred), so its bound comes from the gap.
-pub const TEETH: [(Control, u64); 11] = [
+pub const TEETH: [(Control, u64); 14] = [
     (Control::SealedVictims, 420),
     (Control::GuardOnlyWait, 60),
     (Control::ValueChecks, 28),
@@ -62,6 +62,9 @@ pub const TEETH: [(Control, u64); 11] = [
     (Control::CloseLeavesBackground, 4),
     (Control::PassivateUnguarded, 2000),
     (Control::StaleHoldingServed, 1600),
+    (Control::IgnoreLiveIncarnation, 172),
+    (Control::IgnoreLeaseExpiry, 48),
+    (Control::UnguardedRenewal, 380),
 ];
 
 #[test]

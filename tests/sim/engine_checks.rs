@@ -19,6 +19,9 @@ use super::{Trace, pause};
 /// What the run left for the checks.
 pub struct Finished<'a> {
     pub a: &'a Arc<Owner>,
+    /// The second engine that opened with `a`'s owner id, if one did (then it serves `a`'s
+    /// namespace: there is no take-over in such a seed).
+    pub second: Option<&'a Arc<Owner>>,
     pub b: Option<&'a Arc<Owner>>,
     pub net: Option<&'a Arc<Net>>,
     /// `b`'s revocation completed (set here too, when the checks finish it).
@@ -39,6 +42,7 @@ pub struct Finished<'a> {
 pub fn after_run(f: &Finished<'_>) {
     let Finished {
         a,
+        second,
         b,
         net,
         complete,
@@ -53,6 +57,13 @@ pub fn after_run(f: &Finished<'_>) {
     // The final word on each entity: the current owner's (b's after a take-over, which is
     // finished here if the run left it unfinished: leases expire as the wall clock moves).
     let reader = match &b {
+        None if second.is_some() => {
+            let second = second.expect("checked");
+            if let Err(e) = second.engine.own(ns) {
+                panic!("F12: the engine that replaced a does not own the namespace: {e}");
+            }
+            Arc::clone(second)
+        }
         Some(_) if back => {
             if let Err(e) = a.engine.own(ns) {
                 panic!("F12: a does not own the namespace after taking it back: {e}");
@@ -121,7 +132,10 @@ pub fn after_run(f: &Finished<'_>) {
         }
         trace.push(format!("{e}: {} records", state.len()));
     }
-    for owner in [Some(&a), b.as_ref()].into_iter().flatten() {
+    for owner in [Some(&a), b.as_ref(), second.as_ref()]
+        .into_iter()
+        .flatten()
+    {
         let stats = owner.engine.stats();
         assert_eq!(
             stats.phases.contained, 0,
@@ -177,5 +191,9 @@ pub fn after_run(f: &Finished<'_>) {
     if let Some(b) = &b {
         let closed_b = b.engine.close();
         trace.push(format!("b closes: {}", closed_b.is_ok()));
+    }
+    if let Some(second) = second {
+        let closed = second.engine.close();
+        trace.push(format!("the second engine closes: {}", closed.is_ok()));
     }
 }

@@ -12,8 +12,9 @@
 //! `Complete`, own) while `a` still writes; on half of those `b` writes and `a` takes the
 //! namespace back ([`super::take_back`]) while a reader task of `a` passivates and reads its
 //! entities. The state machine may be slow to fold a record, and `a`'s `deferred` metrics
-//! hook may read the entity it reports on ([`super::hooks`]). Checked (the checks after the
-//! run are in [`super::engine_checks`]):
+//! hook may read the entity it reports on ([`super::hooks`]). On some seeds without a
+//! take-over a second engine opens with `a`'s owner id ([`super::impostor`]). Checked (the
+//! checks after the run are in [`super::engine_checks`]):
 //!
 //! - F7: once `b`'s revocation answered `Complete`, no write `a` starts commits (until `a`
 //!   begins to take the namespace back);
@@ -31,6 +32,7 @@
 //!   entities meanwhile; it never takes the namespace, so `b` (or `a`, having taken it back)
 //!   owns it after (F12);
 //! - the state the current owner serves at the end is what a fresh restore gives (R2, F11);
+//! - F12: no append `a` starts after a second engine opened with its owner id commits;
 //! - nothing waits for ever (shuttle reports a deadlock with the waiting tasks named).
 
 use std::collections::BTreeMap;
@@ -45,6 +47,7 @@ use portcullis::{ApplyContext, Engine, EntityId, Error, Namespace, Rejection, St
 
 use super::engine_checks::{self, Finished};
 use super::hooks::ReadsOnDeferral;
+use super::impostor::{self, Impostor};
 use super::net::{Delivery, Net};
 use super::take_back::{self, TakeBack};
 use super::{Control, Plan, Rng, Trace, pause, task};
@@ -109,7 +112,8 @@ pub struct Owner {
 }
 
 /// The store the owners share, or (behind the simulated network) a view of it per owner.
-struct Backend {
+#[derive(Clone)]
+pub struct Backend {
     store: Arc<dyn Store>,
     net: Option<Arc<Net>>,
     clock: SimClock,
@@ -168,6 +172,26 @@ fn open_owner_with(
     switches: OwnerSwitches,
     reads_on_deferral: bool,
 ) -> Owner {
+    try_open_owner(
+        name,
+        backend,
+        budget,
+        first_use,
+        switches,
+        reads_on_deferral,
+    )
+    .expect("the engine opens")
+}
+
+/// Opens an engine with owner id `name` over `backend`.
+pub fn try_open_owner(
+    name: &'static str,
+    backend: &Backend,
+    budget: Option<usize>,
+    first_use: bool,
+    switches: OwnerSwitches,
+    reads_on_deferral: bool,
+) -> portcullis::Result<Owner> {
     let machine = Arc::new(Sim {
         apply_steps: backend.apply_steps,
         ..Sim::default()
@@ -196,18 +220,18 @@ fn open_owner_with(
     if let Some(hook) = &hook {
         builder = builder.metrics(hook.clone());
     }
-    let engine = builder.open().expect("the engine opens");
+    let engine = builder.open()?;
     if let Some(hook) = &hook {
         hook.attach(engine.clone());
     }
-    Owner {
+    Ok(Owner {
         name,
         engine,
         machine,
         budget,
         sweeps,
         hook,
-    }
+    })
 }
 
 /// Checks the memory budget (R10) of `owner` now.
@@ -285,6 +309,8 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         unsealed_settlement: plan.control == Some(Control::UnsealedSettlement),
         deferred_hook_under_gate: plan.control == Some(Control::DeferredHookUnderGate),
         close_leaves_background: plan.control == Some(Control::CloseLeavesBackground),
+        ignore_lease_expiry: plan.control == Some(Control::IgnoreLeaseExpiry),
+        unguarded_renewal: plan.control == Some(Control::UnguardedRenewal),
         stale_holding_served: plan.control == Some(Control::StaleHoldingServed),
         ..OwnerSwitches::default()
     };
@@ -312,6 +338,19 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         a.engine.register(e).expect("registered");
     }
     let b = takeover.then(|| Arc::new(open_owner("b", &backend_of_owners, None)));
+    // In a quarter of the seeds without a take-over a second engine opens with `a`'s owner id
+    // (SPEC F12). Drawn from a generator of its own.
+    let impostor = (!takeover
+        && (Rng::new(plan.seed ^ 0x696d_706f).chance(25)
+            || matches!(
+                plan.control,
+                Some(
+                    Control::IgnoreLiveIncarnation
+                        | Control::IgnoreLeaseExpiry
+                        | Control::UnguardedRenewal
+                )
+            )))
+    .then(|| Arc::new(Impostor::default()));
     // On some take-overs a bystander `c` (first-use adoption on) reads the namespace's
     // entities meanwhile: it must never take the namespace (SPEC F12). Drawn from a generator
     // of its own, so the rest of the seed's workload is as without it.
@@ -349,7 +388,7 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     let complete = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for w in 0..2u64 {
-        let (a, acked, refused, trace, complete, entities, take_back) = (
+        let (a, acked, refused, trace, complete, entities, take_back, impostor) = (
             a.clone(),
             acked.clone(),
             refused.clone(),
@@ -357,6 +396,7 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
             complete.clone(),
             entities.clone(),
             take_back.clone(),
+            impostor.clone(),
         );
         let lossy = net.is_some();
         let mut rng = Rng::new(rng.next());
@@ -365,6 +405,7 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                 let e = &entities[rng.below(entities.len() as u64) as usize];
                 let record = (w + 1) << 32 | i;
                 let started_after = complete.load(Ordering::SeqCst);
+                let replaced = impostor.as_ref().is_some_and(|i| i.has_opened());
                 let outcome = a.engine.append(e, vec![record.to_le_bytes().to_vec()]);
                 trace.push(format!("writer {w} append {e} {record}: {outcome:?}"));
                 match outcome {
@@ -373,6 +414,10 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                             !started_after
                                 || take_back::may_commit_after_completion(take_back.as_ref()),
                             "F7: a's append of {record} to {e}, started after b's revocation completed, committed"
+                        );
+                        assert!(
+                            !replaced,
+                            "F12: a's append of {record} to {e}, started after a second engine opened with a's owner id, committed"
                         );
                         acked.lock().unwrap_or_else(|p| p.into_inner()).entry(e.to_string()).or_default().push(record);
                     }
@@ -388,7 +433,7 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                     // Its answer was lost and could not be settled yet: it may be in the
                     // history or not (the next write to the entity settles it).
                     Err(Error::OutcomeUnknown { .. }) if lossy => {}
-                    Err(other) if takeover => {
+                    Err(other) if takeover || impostor.is_some() => {
                         trace.push(format!("writer {w}: {other}"));
                     }
                     Err(other) => panic!("an append failed: {other}"),
@@ -479,6 +524,22 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
             }
         }));
     }
+    if let Some(state) = &impostor {
+        let (state, backend, entities, trace) = (
+            state.clone(),
+            backend_of_owners.clone(),
+            entities.clone(),
+            trace.clone(),
+        );
+        let switches = OwnerSwitches {
+            ignore_live_incarnation: plan.control == Some(Control::IgnoreLiveIncarnation),
+            ..OwnerSwitches::default()
+        };
+        let mut rng = Rng::new(plan.seed ^ 0x7769_6d70);
+        tasks.push(task("second engine".into(), move || {
+            impostor::run(&state, &backend, switches, &entities, &mut rng, &trace);
+        }));
+    }
     {
         let (clock, trace) = (clock.clone(), trace.clone());
         let mut rng = Rng::new(rng.next());
@@ -557,8 +618,10 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     for delivery in net.iter().flat_map(|net| net.calm()) {
         arrived(delivery, &complete, trace);
     }
+    let second = impostor.as_ref().and_then(|i| i.owner());
     let finished = Finished {
         a: &a,
+        second: second.as_ref(),
         b: b.as_ref(),
         net: net.as_ref(),
         complete: &complete,

@@ -13,6 +13,7 @@ pub mod disk;
 pub mod engine_checks;
 pub mod engine_load;
 pub mod hooks;
+pub mod impostor;
 pub mod net;
 pub mod store_load;
 pub mod take_back;
@@ -64,10 +65,19 @@ pub enum Control {
     /// A restore unit that spans a re-adoption of its namespace installs the state it restored
     /// under the old holding (`OwnerSwitches::stale_holding_served`).
     StaleHoldingServed,
+    /// An engine opens with the owner id of a live incarnation, taking it for crashed
+    /// (`OwnerSwitches::ignore_live_incarnation`).
+    IgnoreLiveIncarnation,
+    /// An engine keeps serving after its owner lease lapsed, without renewing first
+    /// (`OwnerSwitches::ignore_lease_expiry`).
+    IgnoreLeaseExpiry,
+    /// A renewal writes the owner lease without checking the incarnation row is still this
+    /// engine's (`OwnerSwitches::unguarded_renewal`).
+    UnguardedRenewal,
 }
 
 impl Control {
-    pub const ALL: [Control; 11] = [
+    pub const ALL: [Control; 14] = [
         Control::SealedVictims,
         Control::GuardOnlyWait,
         Control::BypassFence,
@@ -79,6 +89,9 @@ impl Control {
         Control::CloseLeavesBackground,
         Control::PassivateUnguarded,
         Control::StaleHoldingServed,
+        Control::IgnoreLiveIncarnation,
+        Control::IgnoreLeaseExpiry,
+        Control::UnguardedRenewal,
     ];
 
     pub fn name(self) -> &'static str {
@@ -94,6 +107,9 @@ impl Control {
             Control::CloseLeavesBackground => "close-leaves-background",
             Control::PassivateUnguarded => "passivate-unguarded",
             Control::StaleHoldingServed => "stale-holding-served",
+            Control::IgnoreLiveIncarnation => "ignore-live-incarnation",
+            Control::IgnoreLeaseExpiry => "ignore-lease-expiry",
+            Control::UnguardedRenewal => "unguarded-renewal",
         }
     }
 
