@@ -12,8 +12,8 @@ use portcullis::clock::SimClock;
 use portcullis::fence::{RevokeBudget, RevokeProgress};
 use portcullis::{EntityId, Namespace};
 
-use super::engine_load::Owner;
 use super::net::Net;
+use super::owners::Owner;
 use super::{Trace, pause};
 
 /// What the run left for the checks.

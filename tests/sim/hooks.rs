@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use portcullis::EntityId;
 use portcullis::restore::Metrics;
 
-use super::engine_load::SimEngine;
+use super::owners::SimEngine;
 
 /// The `deferred` hook that reads the entity it reports on, once given its engine.
 #[derive(Default)]

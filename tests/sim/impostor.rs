@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use portcullis::EntityId;
 use portcullis::engine::OwnerSwitches;
 
-use super::engine_load::{Backend, Owner, try_open_owner};
+use super::owners::{Backend, Owner, try_open_owner};
 use super::{Rng, Trace, pause};
 
 /// The second engine, once it opened.

@@ -15,6 +15,7 @@ pub mod engine_load;
 pub mod hooks;
 pub mod impostor;
 pub mod net;
+pub mod owners;
 pub mod store_load;
 pub mod take_back;
 

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex as StdMutex};
 use portcullis::EntityId;
 use portcullis::engine::TakeOver;
 
-use super::engine_load::Owner;
+use super::owners::Owner;
 use super::{Rng, Trace};
 
 /// What the take-back has reached, for the other tasks' checks.
