@@ -161,7 +161,9 @@ pub fn after_run(f: &Finished<'_>) {
                 entities
                     .iter()
                     .find(|id| id.to_string() == *e)
-                    .map_or(0, |id| net.disturbed(&id.partition()))
+                    .map_or(0, |id| {
+                        net.disturbed(&id.partition()) + net.read_failures(&id.partition())
+                    })
             });
             let allowed = allowed + retries;
             assert!(

@@ -3,7 +3,7 @@
 //!
 //! The memory store may sit behind a simulated network (`super::net`, an etcd cluster as its
 //! clients see it) that loses the answers of record-writing batches and delays copies of
-//! them, which arrive at points of the schedule the seed picks.
+//! them, which arrive at points of the schedule the seed picks, and times out some reads.
 //!
 //! Owner `a` serves a namespace of a few entities; writers append records with unique
 //! numbers, a deferrer defers records to entities (restored or not), a passivator drops
@@ -100,7 +100,14 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         // Up to one record-writing batch in four loses its answer, and as many are delayed.
         let mut net_rng = Rng::new(plan.seed ^ 0x6e65_7477_6f72_6b00);
         let (lose, hold) = (5 + net_rng.below(20), 5 + net_rng.below(20));
-        Net::new(memory, net_rng, lose, hold)
+        // Up to 4% of the reads of entity partitions time out, in half these seeds.
+        let mut read_rng = Rng::new(plan.seed ^ 0x7469_6d65_6f75_7400);
+        let fail_reads = if read_rng.chance(50) {
+            1 + read_rng.below(4)
+        } else {
+            0
+        };
+        Net::new(memory, net_rng, lose, hold, read_rng, fail_reads)
     });
     let store: Arc<dyn Store> = match backend {
         0 => Arc::new(MemoryStore::with_clock(Arc::new(clock.clone()))),
@@ -227,6 +234,9 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     let refused: Arc<StdMutex<BTreeMap<String, Vec<u64>>>> = Arc::default();
     let passivated: Arc<StdMutex<BTreeMap<String, u64>>> = Arc::default();
     let complete = Arc::new(AtomicBool::new(false));
+    if let Some(net) = &net {
+        net.start_reads_failing();
+    }
     let mut tasks = Vec::new();
     for w in 0..2u64 {
         let (a, acked, refused, trace, complete, entities, take_back, impostor) = (
@@ -458,6 +468,13 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     // The network calms down: the copies still held arrive now.
     for delivery in net.iter().flat_map(|net| net.calm()) {
         arrived(delivery, &complete, trace);
+    }
+    if let Some(net) = &net {
+        let timed_out: u64 = entities
+            .iter()
+            .map(|e| net.read_failures(&e.partition()))
+            .sum();
+        trace.push(format!("network: {timed_out} reads timed out"));
     }
     let second = impostor.as_ref().and_then(|i| i.owner());
     let finished = Finished {

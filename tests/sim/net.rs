@@ -9,7 +9,11 @@
 //!   checked when it arrives, as an etcd transaction's compares are, so a copy guarded on a
 //!   head that moved meanwhile fails.
 //!
-//! Everything else passes through. The faults are drawn from a generator of the seed's, in the
+//! A read of an entity's partition may time out (`Unavailable`, as the etcd backend answers
+//! when a request does not come back); an engine's restore unit that meets one contains its
+//! entity (SPEC R4) until it is released.
+//!
+//! Everything else passes through. The faults are drawn from generators of the seed's, in the
 //! order the schedule makes the calls, so a seed replays them exactly.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -49,6 +53,15 @@ struct Faults {
     held: VecDeque<(&'static str, Partition, Batch)>,
     /// Batches lost or held, by partition.
     disturbed: BTreeMap<Partition, u64>,
+    /// Draws the reads that time out (a generator of its own, so the batches' fates are as
+    /// without it).
+    read_rng: Rng,
+    /// Percent of reads of entity partitions that time out, once the workload's tasks start
+    /// ([`Net::start_reads_failing`]; the set-up's reads all succeed).
+    fail_reads: u64,
+    reads_fail: bool,
+    /// Reads that timed out, by partition.
+    read_failures: BTreeMap<Partition, u64>,
 }
 
 /// Whether a batch writes a log record (`\0log.rec...`) to an entity's partition.
@@ -76,8 +89,16 @@ enum Fate {
 
 impl Net {
     /// A network over `inner` whose faults `rng` draws: each record-writing batch loses its
-    /// answer with `lose` percent, and is held with `hold` percent.
-    pub fn new(inner: MemoryStore, rng: Rng, lose: u64, hold: u64) -> Arc<Self> {
+    /// answer with `lose` percent, and is held with `hold` percent; `read_rng` draws the reads
+    /// of entity partitions that time out, `fail_reads` percent of them.
+    pub fn new(
+        inner: MemoryStore,
+        rng: Rng,
+        lose: u64,
+        hold: u64,
+        read_rng: Rng,
+        fail_reads: u64,
+    ) -> Arc<Self> {
         Arc::new(Net {
             inner: Arc::new(inner),
             faults: Arc::new(StdMutex::new(Faults {
@@ -87,6 +108,10 @@ impl Net {
                 on: true,
                 held: VecDeque::new(),
                 disturbed: BTreeMap::new(),
+                read_rng,
+                fail_reads,
+                reads_fail: false,
+                read_failures: BTreeMap::new(),
             })),
             sender: "-",
         })
@@ -122,6 +147,35 @@ impl Net {
         self.faults().disturbed.get(p).copied().unwrap_or(0)
     }
 
+    /// How many reads of `p` timed out: each may have contained its entity (SPEC R4).
+    pub fn read_failures(&self, p: &Partition) -> u64 {
+        self.faults().read_failures.get(p).copied().unwrap_or(0)
+    }
+
+    /// From now on reads may time out (until [`Net::calm`]).
+    pub fn start_reads_failing(&self) {
+        self.faults().reads_fail = true;
+    }
+
+    /// A read of `p` that times out, drawn while the network injects faults.
+    fn read(&self, p: &Partition) -> Result<()> {
+        if !p.as_bytes().starts_with(b"e/") {
+            return Ok(());
+        }
+        let mut faults = self.faults();
+        if !faults.on || !faults.reads_fail || faults.fail_reads == 0 {
+            return Ok(());
+        }
+        if faults.read_rng.below(100) < faults.fail_reads {
+            *faults.read_failures.entry(p.clone()).or_default() += 1;
+            return Err(Error::Unavailable {
+                reason: format!("simulated network: a read of {p} timed out"),
+                retry_after_ms: 50,
+            });
+        }
+        Ok(())
+    }
+
     /// Stops injecting faults and delivers every held copy.
     pub fn calm(&self) -> Vec<Delivery> {
         self.faults().on = false;
@@ -154,12 +208,15 @@ impl Net {
 
 impl Store for Net {
     fn get(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.read(p)?;
         self.inner.get(p, key)
     }
     fn get_for_update(&self, p: &Partition, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.read(p)?;
         self.inner.get_for_update(p, key)
     }
     fn get_many(&self, p: &Partition, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        self.read(p)?;
         self.inner.get_many(p, keys)
     }
     fn scan(
@@ -169,6 +226,7 @@ impl Store for Net {
         cursor: Option<&Cursor>,
         limit: usize,
     ) -> Result<ScanPage> {
+        self.read(p)?;
         self.inner.scan(p, range, cursor, limit)
     }
     fn apply(&self, p: &Partition, batch: &Batch) -> Result<Outcome> {
