@@ -6,13 +6,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 
 use portcullis::clock::SimClock;
 use portcullis::fence::{RevokeBudget, RevokeProgress};
 use portcullis::{EntityId, Namespace};
 
 use super::net::Net;
+use super::engine_load::Records;
 use super::owners::Owner;
 use super::{Trace, pause};
 
@@ -32,9 +33,9 @@ pub struct Finished<'a> {
     pub ns: &'a Namespace,
     pub entities: &'a [EntityId],
     /// Acknowledged records and accepted deferrals, by entity.
-    pub acked: &'a StdMutex<BTreeMap<String, Vec<u64>>>,
+    pub acked: &'a Records,
     /// Appends answered as settled, never to commit, by entity.
-    pub refused: &'a StdMutex<BTreeMap<String, Vec<u64>>>,
+    pub refused: &'a Records,
     pub trace: &'a Trace,
 }
 

@@ -48,7 +48,7 @@ use portcullis::{EntityId, Error, Namespace};
 use super::engine_checks::{self, Finished};
 use super::impostor::{self, Impostor};
 use super::net::{Delivery, Net};
-use super::owners::{Backend, Owner, open_owner, open_owner_with};
+use super::owners::{Backend, Owner, open_owner, try_open_owner};
 use super::take_back::{self, TakeBack};
 use super::{Control, Plan, Rng, Trace, pause, task};
 
@@ -73,6 +73,20 @@ fn arrived(delivery: Delivery, complete: &AtomicBool, trace: &Trace) {
 /// and the log was sealed past it): the words `tests/engine_lost_answers.rs` pins down.
 fn settled_not_committed(e: &Error) -> bool {
     matches!(e, Error::Unavailable { reason, .. } if reason.contains("never will"))
+}
+
+/// Records, by entity: acknowledged records and accepted deferrals, or appends answered as
+/// settled, never to commit.
+pub type Records = StdMutex<BTreeMap<String, Vec<u64>>>;
+
+/// Notes `record` under `e` in `records`.
+pub fn note(records: &Records, e: &EntityId, record: u64) {
+    records
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(e.to_string())
+        .or_default()
+        .push(record);
 }
 
 /// Checks the memory budget (R10) of `owner` now.
@@ -167,14 +181,17 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     // without it.
     let reads_on_deferral = Rng::new(plan.seed ^ 0xdefe_22ed).chance(33)
         || plan.control == Some(Control::DeferredHookUnderGate);
-    let a = Arc::new(open_owner_with(
-        "a",
-        &backend_of_owners,
-        budget,
-        false,
-        a_switches,
-        reads_on_deferral,
-    ));
+    let a = Arc::new(
+        try_open_owner(
+            "a",
+            &backend_of_owners,
+            budget,
+            false,
+            a_switches,
+            reads_on_deferral,
+        )
+        .expect("a opens"),
+    );
     match plan.control {
         Some(Control::BypassFence) => a.engine.set_bypass_fence_for_test(true),
         Some(Control::RetireUnguarded) => a.engine.set_retire_unguarded_for_test(true),
@@ -210,14 +227,9 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
             first_use_takes_over: plan.control == Some(Control::FirstUseTakesOver),
             ..OwnerSwitches::default()
         };
-        Arc::new(open_owner_with(
-            "c",
-            &backend_of_owners,
-            None,
-            true,
-            switches,
-            false,
-        ))
+        Arc::new(
+            try_open_owner("c", &backend_of_owners, None, true, switches, false).expect("c opens"),
+        )
     });
     // Passivation unguarded in every engine of the seed: the final passivations are `b`'s.
     if plan.control == Some(Control::PassivateUnguarded) {
@@ -229,9 +241,9 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         trace.push("bystander c".into());
     }
     // Acknowledged records and accepted deferrals, by entity; passivations by entity.
-    let acked: Arc<StdMutex<BTreeMap<String, Vec<u64>>>> = Arc::default();
+    let acked: Arc<Records> = Arc::default();
     // Appends answered as settled, never to commit, by entity.
-    let refused: Arc<StdMutex<BTreeMap<String, Vec<u64>>>> = Arc::default();
+    let refused: Arc<Records> = Arc::default();
     let passivated: Arc<StdMutex<BTreeMap<String, u64>>> = Arc::default();
     let complete = Arc::new(AtomicBool::new(false));
     if let Some(net) = &net {
@@ -270,16 +282,9 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                             !replaced,
                             "F12: a's append of {record} to {e}, started after a second engine opened with a's owner id, committed"
                         );
-                        acked.lock().unwrap_or_else(|p| p.into_inner()).entry(e.to_string()).or_default().push(record);
+                        note(&acked, e, record);
                     }
-                    Err(err) if settled_not_committed(&err) => {
-                        refused
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .entry(e.to_string())
-                            .or_default()
-                            .push(record);
-                    }
+                    Err(err) if settled_not_committed(&err) => note(&refused, e, record),
                     Err(Error::Fenced { .. } | Error::Unavailable { .. } | Error::Closed) => {}
                     // Its answer was lost and could not be settled yet: it may be in the
                     // history or not (the next write to the entity settles it).
@@ -304,12 +309,7 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
                 let outcome = a.engine.defer(e, record.to_le_bytes().to_vec());
                 trace.push(format!("deferrer {e} {record}: {outcome:?}"));
                 if outcome.is_ok() {
-                    acked
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .entry(e.to_string())
-                        .or_default()
-                        .push(record);
+                    note(&acked, e, record);
                 }
             }
         }));

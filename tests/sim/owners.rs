@@ -94,31 +94,13 @@ impl Backend {
 }
 
 pub fn open_owner(name: &'static str, backend: &Backend, budget: Option<usize>) -> Owner {
-    open_owner_with(
+    try_open_owner(
         name,
         backend,
         budget,
         false,
         OwnerSwitches::default(),
         false,
-    )
-}
-
-pub fn open_owner_with(
-    name: &'static str,
-    backend: &Backend,
-    budget: Option<usize>,
-    first_use: bool,
-    switches: OwnerSwitches,
-    reads_on_deferral: bool,
-) -> Owner {
-    try_open_owner(
-        name,
-        backend,
-        budget,
-        first_use,
-        switches,
-        reads_on_deferral,
     )
     .expect("the engine opens")
 }

@@ -8,13 +8,13 @@
 //! acknowledged is in the history, and the state `a` serves at the end is the state a fresh
 //! restore of the store's history gives.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex as StdMutex};
 
 use portcullis::EntityId;
 use portcullis::engine::TakeOver;
 
+use super::engine_load::{Records, note};
 use super::owners::Owner;
 use super::{Rng, Trace};
 
@@ -34,7 +34,7 @@ pub fn run(
     a: &Owner,
     b: &Owner,
     entities: &[EntityId],
-    acked: &StdMutex<BTreeMap<String, Vec<u64>>>,
+    acked: &Records,
     state: &TakeBack,
     rng: &mut Rng,
     trace: &Trace,
@@ -45,12 +45,7 @@ pub fn run(
         let outcome = b.engine.append(e, vec![record.to_le_bytes().to_vec()]);
         trace.push(format!("b appends {e} {record}: {outcome:?}"));
         if outcome.is_ok() {
-            acked
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(e.to_string())
-                .or_default()
-                .push(record);
+            note(acked, e, record);
         }
     }
     let ns = entities[0].namespace();
