@@ -5,15 +5,15 @@
 //! close.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use portcullis::clock::SimClock;
 use portcullis::fence::{RevokeBudget, RevokeProgress};
 use portcullis::{EntityId, Namespace};
 
-use super::net::Net;
 use super::engine_load::Records;
+use super::net::Net;
 use super::owners::Owner;
 use super::{Trace, pause};
 
