@@ -194,7 +194,11 @@ fn calls_back(at_emit: bool) {
     let slot: Arc<OnceLock<FileStore>> = Arc::new(OnceLock::new());
     let seen = Arc::new(Mutex::new(Vec::new()));
     let (me, log) = (Arc::clone(&slot), Arc::clone(&seen));
+    let (failure_told, sync_failed) = unbounded();
     let listener = Arc::new(move |e: &Event| {
+        if matches!(e, Event::SyncFailed { .. }) {
+            let _ = failure_told.send(());
+        }
         let mut seen = log.lock();
         seen.push(e.name());
         let n = seen.len();
@@ -235,6 +239,14 @@ fn calls_back(at_emit: bool) {
     fs.fail_syncs();
     assert!(put(&store, "p0", 1).is_err());
     assert!(store.stats().degraded.is_some());
+    // Told, but maybe on another thread: one that was handing events to the listener when the
+    // failure was queued takes it too, after the failed put returned. A bound, not a
+    // synchronisation: the event must come.
+    assert!(
+        sync_failed.recv_timeout(Duration::from_secs(30)).is_ok(),
+        "sync_failed was never told: {:?}",
+        seen.lock()
+    );
     let seen = seen.lock().clone();
     for name in [
         "commit_stall",
