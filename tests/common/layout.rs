@@ -23,6 +23,31 @@ pub struct RecordAt {
     pub kind: u8,
     /// FNV-1a of the partition name.
     pub partition_hash: u64,
+    /// The record's journal sequence number.
+    pub lsn: u64,
+    /// The newest LSN known durable when the record was framed.
+    pub synced_lsn: u64,
+}
+
+impl RecordAt {
+    /// The record the frame at `at` of `segment` describes (no check of its checksums).
+    fn read(segment: &[u8], at: usize) -> RecordAt {
+        let frame = &segment[at..at + FRAME_LEN];
+        let u64_at = |i: usize| u64::from_le_bytes(frame[i..i + 8].try_into().unwrap());
+        RecordAt {
+            offset: at,
+            body_len: u32::from_le_bytes(frame[4..8].try_into().unwrap()) as usize,
+            kind: frame[8],
+            lsn: u64_at(9),
+            partition_hash: u64_at(17),
+            synced_lsn: u64_at(25),
+        }
+    }
+
+    /// Where the record ends (its frame and body).
+    pub fn end(&self) -> usize {
+        self.offset + FRAME_LEN + self.body_len
+    }
 }
 
 /// Every record of a segment's bytes, in order; panics unless they tile the file exactly, up to
@@ -32,23 +57,45 @@ pub fn records(segment: &[u8]) -> Vec<RecordAt> {
     let mut at = SEGMENT_HEADER_LEN;
     let mut found = Vec::new();
     while at < segment.len() {
-        let frame = &segment[at..at + FRAME_LEN];
-        let body_len = u32::from_le_bytes(frame[4..8].try_into().unwrap()) as usize;
-        let kind = frame[8];
-        let partition_hash = u64::from_le_bytes(frame[17..25].try_into().unwrap());
+        let record = RecordAt::read(segment, at);
         assert!(
-            body_len > 0 && (1..=6).contains(&kind),
+            record.body_len > 0 && (1..=6).contains(&record.kind),
             "not a frame at {at}"
         );
-        found.push(RecordAt {
-            offset: at,
-            body_len,
-            kind,
-            partition_hash,
-        });
-        at += FRAME_LEN + body_len;
+        found.push(record);
+        at = record.end();
     }
     assert_eq!(at, segment.len(), "records do not tile the segment");
+    found
+}
+
+/// The records of a segment's bytes, in order, up to the first that is not whole and valid
+/// (its frame's checksum, seeded with the segment's salt, or its body's fails, or it does not
+/// fit): what a crash or damage left is allowed, unlike in [`records`].
+pub fn valid_records(segment: &[u8]) -> Vec<RecordAt> {
+    let mut found = Vec::new();
+    let Some(salt) = segment.get(20..28) else {
+        return found;
+    };
+    let seed = crc32c::crc32c(salt);
+    let mut at = SEGMENT_HEADER_LEN;
+    while at + FRAME_LEN <= segment.len() {
+        let record = RecordAt::read(segment, at);
+        if record.body_len == 0 || record.end() > segment.len() {
+            break;
+        }
+        let frame = &segment[at..at + FRAME_LEN];
+        let header_crc = u32::from_le_bytes(frame[0..4].try_into().unwrap());
+        let body_crc = u32::from_le_bytes(frame[33..37].try_into().unwrap());
+        let body = &segment[at + FRAME_LEN..record.end()];
+        if crc32c::crc32c_append(seed, &frame[4..]) != header_crc
+            || crc32c::crc32c(body) != body_crc
+        {
+            break;
+        }
+        found.push(record);
+        at = record.end();
+    }
     found
 }
 

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use portcullis::Error;
 use portcullis::store::{FaultFs, FileStore, Partition, PathKind, Store, Vfs};
 
+use super::layout::valid_records;
 use super::store_load::{Acked, counter};
 use super::{Rng, Trace};
 
@@ -57,52 +58,6 @@ fn occurrences(files: &[(PathBuf, Vec<u8>)], needle: &[u8]) -> Vec<(usize, usize
     found
 }
 
-/// A record frame as docs/DESIGN.md lays it out (the frame table in `format.rs`): where the
-/// record starts and ends, its LSN and the newest LSN known durable when it was framed.
-struct FrameAt {
-    start: usize,
-    end: usize,
-    lsn: u64,
-    synced_lsn: u64,
-}
-
-const SEGMENT_HEADER_LEN: usize = 32;
-const FRAME_LEN: usize = 37;
-
-/// The valid records of a segment file's bytes, from its header up to the first that is not
-/// (zeros, or whatever a crash left): the frame's checksum, seeded with the segment's salt, and
-/// the body's must both pass, as open asks. Stopping there, not looking past a bad record for
-/// later ones as open does, finds fewer proofs than open can, never more.
-fn frames(segment: &[u8]) -> Vec<FrameAt> {
-    let mut found = Vec::new();
-    let Some(salt) = segment.get(20..28) else {
-        return found;
-    };
-    let seed = crc32c::crc32c(salt);
-    let mut at = SEGMENT_HEADER_LEN;
-    while at + FRAME_LEN <= segment.len() {
-        let f = &segment[at..at + FRAME_LEN];
-        let body_len = u32::from_le_bytes(f[4..8].try_into().unwrap()) as usize;
-        if body_len == 0 || at + FRAME_LEN + body_len > segment.len() {
-            break;
-        }
-        let header_crc = u32::from_le_bytes(f[0..4].try_into().unwrap());
-        let body_crc = u32::from_le_bytes(f[33..37].try_into().unwrap());
-        let body = &segment[at + FRAME_LEN..at + FRAME_LEN + body_len];
-        if crc32c::crc32c_append(seed, &f[4..]) != header_crc || crc32c::crc32c(body) != body_crc {
-            break;
-        }
-        found.push(FrameAt {
-            start: at,
-            end: at + FRAME_LEN + body_len,
-            lsn: u64::from_le_bytes(f[9..17].try_into().unwrap()),
-            synced_lsn: u64::from_le_bytes(f[25..33].try_into().unwrap()),
-        });
-        at += FRAME_LEN + body_len;
-    }
-    found
-}
-
 /// Whether the journal proves durable the record holding byte `at` of `files[f]`: the
 /// records of a segment sealed before a later one got records all are; in the newest segment
 /// with records, a later record must have been framed once its LSN was durable. (A later
@@ -116,19 +71,21 @@ fn proven_durable(files: &[(PathBuf, Vec<u8>)], f: usize, at: usize) -> bool {
     }
     let newest = files
         .iter()
-        .filter(|(p, bytes)| is_segment(p) && !frames(bytes).is_empty())
+        .filter(|(p, bytes)| is_segment(p) && !valid_records(bytes).is_empty())
         .map(|(p, _)| p)
         .max();
     if Some(path) != newest {
         return true;
     }
-    let frames = frames(bytes);
-    let Some(i) = frames.iter().position(|r| r.start <= at && at < r.end) else {
+    // Stopping at the first record that is not valid, not looking past it for later ones as
+    // open does, finds fewer proofs than open can, never more.
+    let records = valid_records(bytes);
+    let Some(i) = records.iter().position(|r| r.offset <= at && at < r.end()) else {
         return false;
     };
-    frames[i + 1..]
+    records[i + 1..]
         .iter()
-        .any(|later| later.synced_lsn >= frames[i].lsn)
+        .any(|later| later.synced_lsn >= records[i].lsn)
 }
 
 /// What one read of one key answered.

@@ -14,6 +14,10 @@ pub mod engine_checks;
 pub mod engine_load;
 pub mod hooks;
 pub mod impostor;
+// The documented on-disk layout, as the crash and corruption tests read it.
+#[path = "../common/layout.rs"]
+#[allow(dead_code)]
+pub mod layout;
 pub mod net;
 pub mod owners;
 pub mod store_load;

@@ -95,7 +95,8 @@ pub(super) fn find_valid(
 /// whose LSN that is, had been synced and its damage is not a torn write. The first valid
 /// record after the damage may have been written in the same group commit as the damaged one
 /// (so it proves nothing), while a later one, framed after that group's sync, does; every valid
-/// record up to the end of the window is asked.
+/// record up to the end of the window is asked. The search for the next one starts where the
+/// last valid one ends (records follow one another; damage in between is skipped as before).
 pub(super) fn proves_durable(
     w: &mut Window,
     first: Option<(u64, format::Frame)>,
@@ -108,7 +109,8 @@ pub(super) fn proves_durable(
         if frame.synced_lsn >= lsn {
             return Ok(true);
         }
-        next = find_valid(w, at + 1, seed, after_lsn)?;
+        let end = at + FRAME_LEN as u64 + u64::from(frame.body_len);
+        next = find_valid(w, end, seed, after_lsn)?;
     }
     Ok(false)
 }
