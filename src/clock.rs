@@ -68,12 +68,12 @@ pub(crate) fn wait_until<T>(
         if clock.instant() >= deadline {
             return true;
         }
+        // Registering the timer lets the clock's task run, and it may fire before this waits:
+        // the clock wakes a fired timer again until its wait returned (it holds `waker` until
+        // then), so the wake-up is not lost.
         clock.wake_at(deadline, waker.clone());
-        // Registering the timer let the clock's task run: it may have fired it already, and a
-        // wait now would wait for a wake-up that came and went.
-        if !waker.fired() {
-            cv.wait(guard);
-        }
+        cv.wait(guard);
+        drop(waker);
         return clock.instant() >= deadline;
     }
     let _ = clock;

@@ -212,35 +212,25 @@ impl WaitTimeoutResult {
 /// Wakes a simulated condvar's waiters when a simulated timer fires (see `SimClock`), one per
 /// timed wait. A wake-up can come before the waiter waits (registering the timer, and
 /// releasing the waiter's lock inside the wait, are points where the clock's task may run),
-/// and a condvar forgets a notification nobody waits for: so the waker remembers it fired
-/// ([`CondvarWaker::fired`], checked before waiting), and the clock wakes it again until its
-/// wait returned ([`CondvarWaker::awaited`]).
+/// and a condvar forgets a notification nobody waits for: so the clock wakes a fired timer's
+/// waker again until its wait returned ([`CondvarWaker::awaited`]).
 #[derive(Clone)]
 pub struct CondvarWaker {
     cv: Arc<sh::Condvar>,
-    // A plain atomic, not the simulation's: reading it must not be a point where another
-    // task can run, so that nothing fires between the check and the wait.
-    fired: Arc<std::sync::atomic::AtomicBool>,
+    /// Held by the timed wait too, until it returns (see [`CondvarWaker::awaited`]).
+    wait: Arc<()>,
 }
 
 impl CondvarWaker {
     /// Wakes every waiter of the condvar (they re-check their deadline).
     pub fn wake(&self) {
-        self.fired.store(true, Ordering::SeqCst);
         self.cv.notify_all();
     }
 
-    /// Whether [`wake`](Self::wake) ran: a timed wait checks it right before waiting (nothing
-    /// another task does can come in between), so a timer that fired while it was being
-    /// registered is not waited for in vain.
-    pub fn fired(&self) -> bool {
-        self.fired.load(Ordering::SeqCst)
-    }
-
     /// Whether the timed wait this waker was made for has not returned yet (it holds the
-    /// other handle on this waker's state).
+    /// other handle on `wait`).
     pub fn awaited(&self) -> bool {
-        Arc::strong_count(&self.fired) > 1
+        Arc::strong_count(&self.wait) > 1
     }
 }
 
@@ -293,7 +283,7 @@ impl Condvar {
         match &self.kind {
             CondvarKind::Sim(c) => Some(CondvarWaker {
                 cv: c.clone(),
-                fired: Arc::default(),
+                wait: Arc::default(),
             }),
             CondvarKind::Real(_) => None,
         }
