@@ -179,7 +179,9 @@ impl<M: StateMachine> Engine<M> {
     /// }
     /// # fn main() -> portcullis::Result<()> {
     /// let store = std::sync::Arc::new(portcullis::store::MemoryStore::new());
-    /// let engine = Engine::builder(Typed(Chat)).store(store).open()?;
+    /// // No background warm: it could restore the room before the deferrals, which are then
+    /// // checked at once instead of queued.
+    /// let engine = Engine::builder(Typed(Chat)).store(store).background_warm(false).open()?;
     /// let lobby = EntityId::new("chat", "lobby")?;
     /// engine.register(&lobby)?; // pending: deferrals are queued, not checked yet
     /// assert_eq!(engine.defer_typed(&lobby, &"hello".to_string())?, Deferred::Queued);
