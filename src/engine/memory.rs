@@ -35,6 +35,9 @@ impl<M: StateMachine> Engine<M> {
     /// let engine = Engine::builder(Typed(Count))
     ///     .store(std::sync::Arc::new(portcullis::store::MemoryStore::new()))
     ///     .register_on_first_write(true)
+    ///     // No background warm: it restores the namespace's pending entities, and could
+    ///     // restore the counter again between the passivation and the checks below.
+    ///     .background_warm(false)
     ///     .open()?;
     /// let counter = EntityId::new("counters", "c1")?;
     /// engine.append_typed(&counter, &[(), ()])?;
