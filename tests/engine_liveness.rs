@@ -198,6 +198,117 @@ fn negative_control_a_renewal_not_guarded_on_the_incarnation_is_caught() {
     assert!(superseded(switches).is_err());
 }
 
+/// A write of an engine whose lease lapsed while the write was in flight (a stall between its
+/// plan and its commit) does not commit once a newer engine with its owner id opened: the newer
+/// one took the namespace at the same epoch, so the fence does not tell the two apart; the owner
+/// lease does. Here the stalled write reaches the store while the newer engine's restore unit
+/// is between its read of the log and its repair record. Before the write was bounded by the
+/// owner lease it committed there, the repair found the log moved, and the newer engine
+/// contained the healthy entity (found by the simulator, long-lane seed 1009003).
+fn stalled_write(switches: OwnerSwitches) -> Result<(), String> {
+    use std::sync::Mutex;
+    use std::sync::mpsc;
+
+    let clock = ManualClock::new(1_000_000);
+    let store = TestStore::with_clock(Arc::new(clock.clone()));
+    let machine = Arc::new(TestMachine::default());
+    let open = |switches| {
+        engine_over(&machine, Arc::clone(&store) as Arc<dyn Store>)
+            .renew_owner_lease(false)
+            .background_warm(false)
+            .owner_switches_for_test(switches)
+            .open()
+            .unwrap()
+    };
+    let old = open(switches);
+    old.register(&entity(1)).unwrap();
+    old.append(&entity(1), recs(&["old"])).unwrap();
+
+    // The first batch each thread sends to the entity after this waits for its turn.
+    let (reached_tx, reached) = mpsc::channel::<&'static str>();
+    let (zombie_go, zombie_turn) = mpsc::channel::<()>();
+    let (successor_go, successor_turn) = mpsc::channel::<()>();
+    let turns = Mutex::new((Some(zombie_turn), Some(successor_turn)));
+    let reached_tx = Mutex::new(reached_tx);
+    let partition = entity(1).partition();
+    store.set_before_apply(move |p, _| {
+        if *p != partition {
+            return;
+        }
+        let stalled = std::thread::current().name() == Some("stalled writer");
+        let turn = {
+            let mut turns = turns.lock().unwrap();
+            if stalled {
+                turns.0.take()
+            } else {
+                turns.1.take()
+            }
+        };
+        if let Some(turn) = turn {
+            let who = if stalled {
+                "stalled writer"
+            } else {
+                "successor"
+            };
+            reached_tx.lock().unwrap().send(who).unwrap();
+            turn.recv().unwrap();
+        }
+    });
+
+    let stalled = {
+        let old = old.clone();
+        std::thread::Builder::new()
+            .name("stalled writer".into())
+            .spawn(move || old.append(&entity(1), recs(&["stalled"])))
+            .unwrap()
+    };
+    assert_eq!(reached.recv().unwrap(), "stalled writer");
+    // The old engine stalls past its lease; a newer one with its owner id opens.
+    clock.advance(LEASE_MS);
+    let new = open(OwnerSwitches::default());
+    assert_eq!(new.unclean_previous(), Some(1));
+    let reader = {
+        let new = new.clone();
+        std::thread::spawn(move || payloads(&new, &entity(1)))
+    };
+    assert_eq!(reached.recv().unwrap(), "successor");
+    // The stalled write reaches the store while the successor's unit is mid-way.
+    zombie_go.send(()).unwrap();
+    let stalled = stalled.join().unwrap();
+    successor_go.send(()).unwrap();
+    let restored = reader.join().unwrap();
+    store.clear_hooks();
+
+    if !matches!(
+        stalled,
+        Err(Error::Unavailable { .. } | Error::OwnerLive { .. })
+    ) {
+        return Err(format!("the stalled write answered {stalled:?}"));
+    }
+    assert_eq!(restored.unwrap(), recs(&["old"]), "the successor serves");
+    new.append(&entity(1), recs(&["new"])).unwrap();
+    assert_eq!(payloads(&new, &entity(1)).unwrap(), recs(&["old", "new"]));
+    // The old engine learns it was replaced at its next call.
+    assert_owner_live(&old.read(&entity(1), |_| ()).unwrap_err(), 2);
+    Ok(())
+}
+
+#[test]
+fn f12_a_write_stalled_past_the_owner_lease_does_not_commit_under_its_successor() {
+    stalled_write(OwnerSwitches::default()).unwrap();
+}
+
+/// With the owner lease ignored (`ignore_lease_expiry` turns the bound on writes off with the
+/// check at each call) the stalled write commits under its successor.
+#[test]
+fn negative_control_a_write_not_bounded_by_the_owner_lease_is_caught() {
+    let switches = OwnerSwitches {
+        ignore_lease_expiry: true,
+        ..OwnerSwitches::default()
+    };
+    assert!(stalled_write(switches).is_err());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Prompt deposition: a deposed owner stops serving reads within the bound.
 

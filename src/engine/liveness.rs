@@ -133,6 +133,14 @@ impl Liveness {
         self.valid_until.load(Ordering::Acquire)
     }
 
+    /// Whether less than half the lease's validity is left: the background renewal is then
+    /// due (it renews every half validity), and a write renews first rather than plan on what
+    /// is left.
+    pub(crate) fn renewal_due(&self) -> bool {
+        let half = self.lease_ms.saturating_sub(self.margin_ms) / 2;
+        self.clock.now_ms().saturating_add(half) >= self.valid_until_ms()
+    }
+
     /// Renewals that succeeded and failed so far.
     pub(crate) fn counts(&self) -> (u64, u64) {
         (

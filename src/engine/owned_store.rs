@@ -5,7 +5,11 @@
 //! through this one type, so no engine write to an entity can bypass the fence.
 //!
 //! A fenced write (`Error::Fenced`) deposes the holding (see `owner`), so later calls for the
-//! namespace answer `Fenced` from memory. Batches on other partitions (the engine's system
+//! namespace answer `Fenced` from memory. Every entity batch is also bounded by the engine's
+//! owner lease (SPEC F12): it is planned only while the lease is valid and, on a store that
+//! evaluates deadlines, commits only until the lease's validity ends, so a write of an engine
+//! whose lease lapsed mid-call (a stall) cannot commit once a newer engine with its owner id
+//! may have opened and taken its namespaces at the same epoch. Batches on other partitions (the engine's system
 //! partition, coordinators) pass through unchanged. Closing this view closes nothing: the
 //! store's lifetime belongs to whoever opened it.
 
@@ -13,7 +17,7 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::owner::{Mode, Owners};
-use crate::entity::EntityId;
+use crate::entity::{EntityId, Namespace};
 use crate::error::{Error, Result};
 use crate::fence::{Fence, WriteOutcome};
 use crate::store::{
@@ -73,16 +77,33 @@ impl OwnedStore {
                 ),
             });
         }
-        if holding.mode == Mode::Unfenced {
-            return self.raw.apply(p, batch);
-        }
         if self.bypass_fence.load(Ordering::Relaxed) {
             return self.raw.apply(p, batch);
         }
-        match self
+        if holding.mode == Mode::Unfenced {
+            // Unfenced writes carry no deadline (SPEC F11: no leases, no fencing): only their
+            // planning is bounded by the owner lease.
+            let planned = self.within_owner_lease(ns, holding.term, batch, false)?;
+            return self.raw.apply(p, &planned);
+        }
+        let mut refused = None;
+        let written = self
             .fence
-            .write_engine_rows_with(entity, holding.grant, |_| Some(batch.clone()))
-        {
+            .write_engine_rows_with(entity, holding.grant, |_| {
+                // Asked on every attempt: a re-plan after a passed deadline renews the lease
+                // first, or writes nothing if this engine was replaced.
+                match self.within_owner_lease(ns, holding.term, batch, true) {
+                    Ok(bounded) => Some(bounded),
+                    Err(e) => {
+                        refused = Some(e);
+                        None
+                    }
+                }
+            });
+        if let Some(e) = refused {
+            return Err(e);
+        }
+        match written {
             Ok(WriteOutcome::Committed { .. }) => Ok(Outcome::Committed),
             Ok(WriteOutcome::PreconditionFailed { index }) => {
                 Ok(Outcome::PreconditionFailed { index })
@@ -94,6 +115,59 @@ impl OwnedStore {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+impl OwnedStore {
+    /// `batch` bounded by this engine's owner lease (SPEC F12), if the holding of term `term`
+    /// still serves `ns`: the lease is renewed first if it is no longer valid (an error if that
+    /// fails, `OwnerLive` if a newer engine with this owner id replaced this one and may have
+    /// taken the namespace at the same epoch, which the fence does not tell apart), and a
+    /// renewal that deposed the holding stops the write. With `deadline`, on a store that
+    /// evaluates deadlines, the batch then commits only while the lease is valid, renewed first
+    /// when less than half its validity is left; otherwise (etcd, an unfenced namespace) only
+    /// its planning is bounded.
+    fn within_owner_lease(
+        &self,
+        ns: &Namespace,
+        term: u64,
+        batch: &Batch,
+        deadline: bool,
+    ) -> Result<Batch> {
+        let owners = &self.owners;
+        if owners.switches().ignore_lease_expiry {
+            return Ok(batch.clone());
+        }
+        owners.live()?;
+        let deadlines =
+            deadline && self.raw.evaluates_deadlines() && !self.fence.deadlines_dropped();
+        if deadlines
+            && owners.liveness.renewal_due()
+            && let Err(e @ Error::OwnerLive { .. }) = owners.renew()
+        {
+            // Still valid otherwise: a renewal that failed for a store error leaves what is left.
+            return Err(e);
+        }
+        if owners.held(ns).is_none_or(|h| h.term != term) {
+            // A renewal found the namespace moved (deposed) or it was adopted again.
+            return Err(owners
+                .serving(ns)
+                .err()
+                .unwrap_or_else(|| Error::NotServed {
+                    namespace: ns.to_string(),
+                    detail: format!(
+                        "it was adopted again while a write planned under term {term} was under \
+                     way; nothing was written: retry the call"
+                    ),
+                }));
+        }
+        if !deadlines {
+            return Ok(batch.clone());
+        }
+        // Read after the checks: a renewal only moves it later. Other engines take the lease
+        // for expired only `lease_margin` later (their clocks run ahead by less than that).
+        let valid_until = owners.liveness.valid_until_ms();
+        Ok(batch.clone().not_after(valid_until))
     }
 }
 

@@ -53,7 +53,8 @@ impl FenceHooks for NoHooks {
 pub struct GuardSwitches {
     /// Drop the `Equals` guard on the entity's lease from fenced writes (SPEC F3).
     pub drop_lease_guard: bool,
-    /// Drop the `NotAfter` deadline from fenced writes (SPEC F3).
+    /// Drop the `NotAfter` deadline from fenced writes (SPEC F3); an engine's writes then
+    /// carry no owner-lease deadline either (SPEC F12).
     pub drop_deadline: bool,
     /// Acknowledge a row before (and without) pushing the entity's lease (SPEC F4).
     pub ack_before_push: bool,

@@ -376,6 +376,12 @@ impl Fence {
         let _ = (point, entity);
     }
 
+    /// Whether the test-only switch `drop_deadline` is on: the engine then drops its own
+    /// deadline from fenced writes too (the owner lease's, SPEC F12).
+    pub(crate) fn deadlines_dropped(&self) -> bool {
+        self.switches().drop_deadline
+    }
+
     /// The guard switches: all guards in place without the `test-hooks` feature.
     #[cfg_attr(not(feature = "test-hooks"), inline(always))]
     fn switches(&self) -> GuardSwitches {

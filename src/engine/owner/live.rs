@@ -59,7 +59,7 @@ impl Owners {
     /// Answers whether this engine may serve now (SPEC F12): while its lease is valid, from
     /// memory; after that, once a renewal on this thread (or one that another call was making)
     /// succeeded. A superseded engine never may.
-    pub(super) fn live(&self) -> Result<()> {
+    pub(crate) fn live(&self) -> Result<()> {
         if self.liveness.valid_now() || self.switches.ignore_lease_expiry {
             return Ok(());
         }
