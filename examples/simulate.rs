@@ -25,7 +25,7 @@ fn main() {
             "--control" => {
                 let name = value();
                 control = Some(Control::parse(&name).unwrap_or_else(|| {
-                    panic!("unknown control {name}; one of: sealed-victims, guard-only-wait, bypass-fence, retire-unguarded, first-use-takes-over, unsealed-settlement, value-checks, deferred-hook-under-gate, close-leaves-background, passivate-unguarded, stale-holding-served, ignore-live-incarnation, ignore-lease-expiry, unguarded-renewal")
+                    panic!("unknown control {name}; one of: sealed-victims, guard-only-wait, bypass-fence, retire-unguarded, first-use-takes-over, unsealed-settlement, value-checks, deferred-hook-under-gate, close-leaves-background, passivate-unguarded, stale-holding-served, ignore-live-incarnation, ignore-lease-expiry, unguarded-renewal, close-unbounded")
                 }))
             }
             other => panic!("unknown argument {other}"),

@@ -24,6 +24,10 @@ mod sim;
 #[doc(hidden)]
 pub use crate::sync::CondvarWaker;
 #[cfg(feature = "simulation")]
+mod quiet;
+#[cfg(feature = "simulation")]
+pub use quiet::{CLOCK_TASK, QuietTime};
+#[cfg(feature = "simulation")]
 pub use sim::SimClock;
 
 /// A source of wall-clock milliseconds and of monotonic time.
@@ -52,6 +56,14 @@ pub trait Clock: Send + Sync + std::fmt::Debug {
     fn is_simulated(&self) -> bool {
         false
     }
+
+    /// Told when a simulated timed wait with `deadline` returns, so a simulated clock can
+    /// measure how late waits return. The default does nothing.
+    #[cfg(feature = "simulation")]
+    #[doc(hidden)]
+    fn timed_wait_returned(&self, deadline: Instant) {
+        let _ = deadline;
+    }
 }
 
 /// Waits on `cv` (giving `guard`'s lock back meanwhile) until it is notified or `clock`'s
@@ -74,6 +86,7 @@ pub(crate) fn wait_until<T>(
         clock.wake_at(deadline, waker.clone());
         cv.wait(guard);
         drop(waker);
+        clock.timed_wait_returned(deadline);
         return clock.instant() >= deadline;
     }
     let _ = clock;

@@ -50,21 +50,22 @@ fn long_lane() {
 /// find it: four times the seeds it took when measured, or four times the mean gap between the
 /// seeds that find it, whichever is more (docs/SIMULATION.md, "Teeth"); `SealedVictims` is
 /// rare (about one seed in a hundred), so its bound comes from the gap.
-pub const TEETH: [(Control, u64); 14] = [
-    (Control::SealedVictims, 420),
+pub const TEETH: [(Control, u64); 15] = [
+    (Control::SealedVictims, 364),
     (Control::GuardOnlyWait, 60),
     (Control::ValueChecks, 28),
-    (Control::BypassFence, 180),
-    (Control::RetireUnguarded, 50),
-    (Control::FirstUseTakesOver, 20),
-    (Control::UnsealedSettlement, 36),
+    (Control::BypassFence, 26),
+    (Control::RetireUnguarded, 61),
+    (Control::FirstUseTakesOver, 18),
+    (Control::UnsealedSettlement, 35),
     (Control::DeferredHookUnderGate, 10),
     (Control::CloseLeavesBackground, 4),
-    (Control::PassivateUnguarded, 2000),
-    (Control::StaleHoldingServed, 1600),
-    (Control::IgnoreLiveIncarnation, 172),
-    (Control::IgnoreLeaseExpiry, 48),
-    (Control::UnguardedRenewal, 380),
+    (Control::PassivateUnguarded, 5_664),
+    (Control::StaleHoldingServed, 1_500),
+    (Control::IgnoreLiveIncarnation, 38),
+    (Control::IgnoreLeaseExpiry, 24),
+    (Control::UnguardedRenewal, 178),
+    (Control::CloseUnbounded, 14),
 ];
 
 #[test]

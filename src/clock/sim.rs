@@ -7,6 +7,9 @@
 //! timer: it lets the other tasks run a few steps (more for a longer wait), then moves the
 //! clock to the timer's deadline and wakes its waiters. So a wait times out at any point of
 //! the schedule the scheduler picks, never because real time passed, and a seed replays it.
+//! Under [`QuietTime`](super::QuietTime) the clock's task runs only when no other task can, so
+//! time moves only while every task waits, and [`SimClock::latest_return`] tells whether a
+//! timed wait returned later than its deadline.
 //! Past a horizon of virtual time the timers stop firing: whatever still waits then waits for
 //! ever, and the scheduler reports the waiting tasks as deadlocked.
 
@@ -40,6 +43,8 @@ struct Timers {
     stopped: bool,
     fired: u64,
     past_horizon: bool,
+    /// The timed wait that returned latest after its deadline: by how much, and which task.
+    latest_return: Option<(Duration, String)>,
 }
 
 impl SimClock {
@@ -78,6 +83,22 @@ impl SimClock {
     /// Whether virtual time reached the horizon (timers no longer fire).
     pub fn past_horizon(&self) -> bool {
         self.shared.timers.lock().past_horizon
+    }
+
+    /// The timed wait that returned latest after its deadline so far: by how much, and the
+    /// name of the task that waited. `None` if none returned late.
+    ///
+    /// A timed wait returns once its lock is free again. When time moves only while every
+    /// other task waits (the simulator's quiet-time schedules), a late return means the lock
+    /// was held by a task that was itself waiting for time to pass: a wait longer than its
+    /// bound.
+    pub fn latest_return(&self) -> Option<(Duration, String)> {
+        self.shared.timers.lock().latest_return.clone()
+    }
+
+    /// Sleeps `duration` of virtual time (a simulated device or network that is slow).
+    pub fn sleep(&self, duration: Duration) {
+        super::sleep(self, duration);
     }
 
     /// Moves virtual time (and the wall clock with it) forward by `by`.
@@ -197,4 +218,21 @@ impl Clock for SimClock {
     fn is_simulated(&self) -> bool {
         true
     }
+
+    fn timed_wait_returned(&self, deadline: Instant) {
+        let late = self.instant().saturating_duration_since(deadline);
+        if late.is_zero() {
+            return;
+        }
+        let mut timers = self.shared.timers.lock();
+        if timers.latest_return.as_ref().is_none_or(|(l, _)| late > *l) {
+            let me = shuttle::current::me();
+            let name = shuttle::current::get_name_for_task(me)
+                .map_or_else(|| format!("{me:?}"), String::from);
+            timers.latest_return = Some((late, name));
+        }
+    }
 }
+
+#[cfg(test)]
+mod tests;

@@ -208,7 +208,13 @@ impl<M: StateMachine> Inner<M> {
         }
         *closing = true;
         self.lifecycle.calls.fetch_or(CLOSED, Ordering::AcqRel);
-        let deadline = crate::clock::deadline_after(&*self.clock, self.close_timeout);
+        let timeout = if self.owners.switches().close_waits_unbounded {
+            // Past any simulation's horizon: close waits as long as what it waits for.
+            std::time::Duration::from_secs(365 * 24 * 3600)
+        } else {
+            self.close_timeout
+        };
+        let deadline = crate::clock::deadline_after(&*self.clock, timeout);
         let mut unfinished = Vec::new();
         if !self.stop_warm(deadline) {
             unfinished.push("the warm (a restore unit is still running)".to_owned());

@@ -77,6 +77,11 @@ pub struct OwnerSwitches {
     /// damage (the entity contained, as before) even when the namespace's next holder moved
     /// it after a take-over fenced this engine (SPEC F11, F12).
     pub settle_contains_deposed: bool,
+    /// Close waits for the warm, the drivers, the background thread and calls in flight
+    /// without its deadline, as if `close_timeout` were endless (SPEC R11: close is not
+    /// bounded). Not a defect fixed earlier: the negative control of the simulator's
+    /// bounded-wait check.
+    pub close_waits_unbounded: bool,
 }
 
 impl OwnerSwitches {

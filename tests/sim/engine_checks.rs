@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use portcullis::clock::SimClock;
 use portcullis::fence::{RevokeBudget, RevokeProgress};
@@ -37,6 +38,12 @@ pub struct Finished<'a> {
     /// Appends answered as settled, never to commit, by entity.
     pub refused: &'a Records,
     pub trace: &'a Trace,
+    /// How long a close may take in virtual time (its timeout and one read in flight), when
+    /// closes are held to a bound: in quiet time (docs/SIMULATION.md, "Bounded waits").
+    pub close_bound: Option<Duration>,
+    /// Whether `a` passivates its entities and starts a warm just before it closes, so its
+    /// close meets a warm reading from a slow network.
+    pub warm_at_close: bool,
 }
 
 /// Runs the checks, then closes the owners.
@@ -54,6 +61,8 @@ pub fn after_run(f: &Finished<'_>) {
         acked,
         refused,
         trace,
+        close_bound,
+        warm_at_close,
     } = *f;
     // The final word on each entity: the current owner's (b's after a take-over, which is
     // finished here if the run left it unfinished: leases expire as the wall clock moves).
@@ -182,8 +191,19 @@ pub fn after_run(f: &Finished<'_>) {
         a.sweeps.load(Ordering::SeqCst),
         clock.elapsed()
     ));
-    let closed_a = a.engine.close();
-    trace.push(format!("a closes: {}", closed_a.is_ok()));
+    let warm = warm_at_close
+        .then(|| {
+            for e in entities {
+                let _ = a.engine.passivate(e);
+            }
+            a.engine.warm().ok()
+        })
+        .flatten();
+    close(a, "a", close_bound, f);
+    if let Some(warm) = warm {
+        // Stopped by the close: it ends after the unit it was running.
+        let _ = warm.wait();
+    }
     if let Some(hook) = &a.hook {
         hook.detach();
         trace.push(format!(
@@ -192,11 +212,24 @@ pub fn after_run(f: &Finished<'_>) {
         ));
     }
     if let Some(b) = &b {
-        let closed_b = b.engine.close();
-        trace.push(format!("b closes: {}", closed_b.is_ok()));
+        close(b, "b", close_bound, f);
     }
     if let Some(second) = second {
-        let closed = second.engine.close();
-        trace.push(format!("the second engine closes: {}", closed.is_ok()));
+        close(second, "the second engine", close_bound, f);
+    }
+}
+
+/// Closes `owner`, holding the close to `bound` of virtual time (SPEC R11) when there is one.
+fn close(owner: &Owner, name: &str, bound: Option<Duration>, f: &Finished<'_>) {
+    let started = f.clock.elapsed();
+    let closed = owner.engine.close();
+    let took = f.clock.elapsed() - started;
+    f.trace
+        .push(format!("{name} closes: {} ({took:?})", closed.is_ok()));
+    if let Some(bound) = bound {
+        assert!(
+            took <= bound,
+            "R11: {name}'s close took {took:?} of virtual time, over its bound of {bound:?} (close_timeout and one read in flight): {closed:?}"
+        );
     }
 }

@@ -38,6 +38,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
 
 use portcullis::clock::SimClock;
 use portcullis::engine::OwnerSwitches;
@@ -102,9 +103,30 @@ fn within_budget(owner: &Owner) {
     }
 }
 
+/// How long each read of an entity partition takes behind the network: nothing in a third of
+/// the network seeds, 2 or 10 ms of virtual time in the others (drawn from a generator of its
+/// own).
+pub fn read_latency(plan: Plan) -> Option<Duration> {
+    if plan.control == Some(Control::CloseUnbounded) {
+        return Some(Duration::from_millis(10));
+    }
+    [None, Some(2), Some(10)][Rng::new(plan.seed ^ 0x6c61_7465).below(3) as usize]
+        .map(Duration::from_millis)
+}
+
+/// The owners' close bound: 5 ms behind a slow network in quiet time (where closes are held to
+/// it), the default (30 s) elsewhere.
+pub fn close_timeout(plan: Plan, behind_network: bool) -> Duration {
+    if plan.quiet_time() && behind_network && read_latency(plan).is_some() {
+        Duration::from_millis(5)
+    } else {
+        Duration::from_secs(30)
+    }
+}
+
 pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
     let backend = match plan.control {
-        Some(Control::UnsealedSettlement) => 3,
+        Some(Control::UnsealedSettlement | Control::CloseUnbounded) => 3,
         // A take-back runs only without the network.
         Some(Control::StaleHoldingServed) => rng.below(3),
         _ => rng.below(4),
@@ -121,7 +143,11 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         } else {
             0
         };
-        Net::new(memory, net_rng, lose, hold, read_rng, fail_reads)
+        let net = Net::new(memory, net_rng, lose, hold, read_rng, fail_reads);
+        match read_latency(plan) {
+            Some(latency) => net.with_read_latency(clock.clone(), latency),
+            None => net,
+        }
     });
     let store: Arc<dyn Store> = match backend {
         0 => Arc::new(MemoryStore::with_clock(Arc::new(clock.clone()))),
@@ -144,6 +170,7 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         net: net.clone(),
         clock: clock.clone(),
         apply_steps,
+        close_timeout: close_timeout(plan, net.is_some()),
     };
     let entities: Vec<EntityId> = (0..2 + rng.below(3))
         .map(|i| EntityId::new("sim", format!("e{i}")).unwrap())
@@ -171,6 +198,7 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         unsealed_settlement: plan.control == Some(Control::UnsealedSettlement),
         deferred_hook_under_gate: plan.control == Some(Control::DeferredHookUnderGate),
         close_leaves_background: plan.control == Some(Control::CloseLeavesBackground),
+        close_waits_unbounded: plan.control == Some(Control::CloseUnbounded),
         ignore_lease_expiry: plan.control == Some(Control::IgnoreLeaseExpiry),
         unguarded_renewal: plan.control == Some(Control::UnguardedRenewal),
         stale_holding_served: plan.control == Some(Control::StaleHoldingServed),
@@ -492,6 +520,11 @@ pub fn run(plan: Plan, rng: &mut Rng, clock: &SimClock, trace: &Trace) {
         acked: &acked,
         refused: &refused,
         trace,
+        close_bound: plan.quiet_time().then(|| {
+            close_timeout(plan, net.is_some())
+                + net.as_ref().and(read_latency(plan)).unwrap_or_default()
+        }),
+        warm_at_close: plan.quiet_time() && net.is_some() && read_latency(plan).is_some(),
     };
     engine_checks::after_run(&finished);
     let _ = store.close();

@@ -29,7 +29,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use portcullis::clock::SimClock;
+use portcullis::clock::{CLOCK_TASK, QuietTime, SimClock};
 use shuttle::scheduler::{PctScheduler, RandomScheduler};
 use shuttle::{Config, FailurePersistence, MaxSteps, Runner};
 
@@ -79,10 +79,14 @@ pub enum Control {
     /// A renewal writes the owner lease without checking the incarnation row is still this
     /// engine's (`OwnerSwitches::unguarded_renewal`).
     UnguardedRenewal,
+    /// Close waits for the warm, the drivers, the background thread and calls in flight
+    /// without its deadline (`OwnerSwitches::close_waits_unbounded`); not a defect fixed
+    /// earlier but the negative control of the bounded-wait check.
+    CloseUnbounded,
 }
 
 impl Control {
-    pub const ALL: [Control; 14] = [
+    pub const ALL: [Control; 15] = [
         Control::SealedVictims,
         Control::GuardOnlyWait,
         Control::BypassFence,
@@ -97,6 +101,7 @@ impl Control {
         Control::IgnoreLiveIncarnation,
         Control::IgnoreLeaseExpiry,
         Control::UnguardedRenewal,
+        Control::CloseUnbounded,
     ];
 
     pub fn name(self) -> &'static str {
@@ -115,6 +120,7 @@ impl Control {
             Control::IgnoreLiveIncarnation => "ignore-live-incarnation",
             Control::IgnoreLeaseExpiry => "ignore-lease-expiry",
             Control::UnguardedRenewal => "unguarded-renewal",
+            Control::CloseUnbounded => "close-unbounded",
         }
     }
 
@@ -208,6 +214,12 @@ impl Plan {
     pub fn pct(&self) -> bool {
         (self.seed / 2).is_multiple_of(3)
     }
+
+    /// Quiet time (time moves only while every other task waits, `QuietTime`) for one seed in
+    /// two, so waits are held to their bounds there; the others let timeouts fire at any point.
+    pub fn quiet_time(&self) -> bool {
+        self.control == Some(Control::CloseUnbounded) || (self.seed / 6).is_multiple_of(2)
+    }
 }
 
 /// The one command that replays `plan` exactly.
@@ -286,10 +298,13 @@ pub fn run_once(plan: Plan) -> RunReport {
         .name(format!("simulation of seed {}", plan.seed))
         .spawn(move || {
             let outcome = catch_unwind(AssertUnwindSafe(|| {
+                let quiet = plan.quiet_time();
                 if plan.pct() {
-                    Runner::new(PctScheduler::new_from_seed(plan.seed, 3, 1), config).run(body);
+                    let pct = PctScheduler::new_from_seed(plan.seed, 3, 1);
+                    Runner::new(QuietTime::new(pct, quiet), config).run(body);
                 } else {
-                    Runner::new(RandomScheduler::new_from_seed(plan.seed, 1), config).run(body);
+                    let random = RandomScheduler::new_from_seed(plan.seed, 1);
+                    Runner::new(QuietTime::new(random, quiet), config).run(body);
                 }
             }));
             (outcome, FIRST_PANIC.with(|p| p.borrow_mut().take()))
@@ -368,7 +383,7 @@ fn simulate(plan: Plan, trace: &Trace) {
     let timers = {
         let clock = clock.clone();
         shuttle::thread::Builder::new()
-            .name("sim-clock".into())
+            .name(CLOCK_TASK.into())
             .spawn(move || clock.run_timers())
             .unwrap()
     };
@@ -384,6 +399,13 @@ fn simulate(plan: Plan, trace: &Trace) {
         clock.fired(),
         shuttle::current::context_switches()
     ));
+    if plan.quiet_time()
+        && let Some((late, task)) = clock.latest_return()
+    {
+        panic!(
+            "no wait longer than its bound: a timed wait of task {task} returned {late:?} after its deadline (its lock was held by a task waiting for time to pass)"
+        );
+    }
     clock.stop();
     timers.join().unwrap();
 }

@@ -11,7 +11,8 @@
 //!
 //! A read of an entity's partition may time out (`Unavailable`, as the etcd backend answers
 //! when a request does not come back); an engine's restore unit that meets one contains its
-//! entity (SPEC R4) until it is released.
+//! entity (SPEC R4) until it is released. In some seeds every read of an entity's partition
+//! takes a few milliseconds of virtual time, so calls spend time while tasks wait on them.
 //!
 //! Everything else passes through. The faults are drawn from generators of the seed's, in the
 //! order the schedule makes the calls, so a seed replays them exactly.
@@ -19,6 +20,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex as StdMutex};
 
+use portcullis::clock::SimClock;
 use portcullis::store::{
     Batch, Cursor, KeyRange, MemoryStore, Op, Outcome, Partition, ScanPage, Store, StoreLimits,
     StoreStats,
@@ -33,6 +35,8 @@ pub struct Net {
     inner: Arc<MemoryStore>,
     faults: Arc<StdMutex<Faults>>,
     sender: &'static str,
+    /// How long a read of an entity's partition takes, in the clock's virtual time.
+    read_latency: Option<(SimClock, std::time::Duration)>,
 }
 
 /// A held copy that arrived: who sent it, where, and what it got.
@@ -114,6 +118,22 @@ impl Net {
                 read_failures: BTreeMap::new(),
             })),
             sender: "-",
+            read_latency: None,
+        })
+    }
+
+    /// The same network, whose reads of entity partitions each take `latency` of `clock`'s
+    /// virtual time.
+    pub fn with_read_latency(
+        self: Arc<Self>,
+        clock: SimClock,
+        latency: std::time::Duration,
+    ) -> Arc<Self> {
+        Arc::new(Net {
+            inner: self.inner.clone(),
+            faults: self.faults.clone(),
+            sender: self.sender,
+            read_latency: Some((clock, latency)),
         })
     }
 
@@ -123,6 +143,7 @@ impl Net {
             inner: self.inner.clone(),
             faults: self.faults.clone(),
             sender,
+            read_latency: self.read_latency.clone(),
         })
     }
 
@@ -161,6 +182,9 @@ impl Net {
     fn read(&self, p: &Partition) -> Result<()> {
         if !p.as_bytes().starts_with(b"e/") {
             return Ok(());
+        }
+        if let Some((clock, latency)) = &self.read_latency {
+            clock.sleep(*latency);
         }
         let mut faults = self.faults();
         if !faults.on || !faults.reads_fail || faults.fail_reads == 0 {

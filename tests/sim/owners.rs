@@ -82,6 +82,8 @@ pub struct Backend {
     pub clock: SimClock,
     /// Steps each owner's state machine takes to apply a record.
     pub apply_steps: u64,
+    /// Each owner's close bound (`EngineBuilder::close_timeout`).
+    pub close_timeout: std::time::Duration,
 }
 
 impl Backend {
@@ -132,6 +134,7 @@ pub fn try_open_owner(
         // Sweeps fall due within a seed's virtual time (the default is a minute).
         .sweep_interval(std::time::Duration::from_secs(10))
         .owner(name)
+        .close_timeout(backend.close_timeout)
         .adopt_on_first_use(first_use)
         .owner_switches_for_test(switches)
         .warm_parallelism(2);
