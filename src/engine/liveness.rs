@@ -133,12 +133,20 @@ impl Liveness {
         self.valid_until.load(Ordering::Acquire)
     }
 
-    /// Whether less than half the lease's validity is left: the background renewal is then
-    /// due (it renews every half validity), and a write renews first rather than plan on what
-    /// is left.
-    pub(crate) fn renewal_due(&self) -> bool {
+    /// How long this engine may still serve (0 once superseded or lapsed), and whether a
+    /// renewal is due: at most half the validity is left (the background renewal renews every
+    /// half validity), when a write renews first rather than plan on what is left. One clock
+    /// read: every engine write asks.
+    pub(crate) fn validity_left(&self) -> (u64, bool) {
+        if self.superseded_by.load(Ordering::Acquire) != 0 {
+            return (0, true);
+        }
+        let left = self
+            .valid_until
+            .load(Ordering::Acquire)
+            .saturating_sub(self.clock.now_ms());
         let half = self.lease_ms.saturating_sub(self.margin_ms) / 2;
-        self.clock.now_ms().saturating_add(half) >= self.valid_until_ms()
+        (left, left <= half)
     }
 
     /// Renewals that succeeded and failed so far.

@@ -81,10 +81,9 @@ impl OwnedStore {
             return self.raw.apply(p, batch);
         }
         if holding.mode == Mode::Unfenced {
-            // Unfenced writes carry no deadline (SPEC F11: no leases, no fencing): only their
-            // planning is bounded by the owner lease.
-            let planned = self.within_owner_lease(ns, holding.term, batch, false)?;
-            return self.raw.apply(p, &planned);
+            // Planned just now, by `serving`'s check of the owner lease; unfenced writes carry
+            // no deadline (SPEC F11: no leases, no fencing).
+            return self.raw.apply(p, batch);
         }
         let mut refused = None;
         let written = self
@@ -92,7 +91,7 @@ impl OwnedStore {
             .write_engine_rows_with(entity, holding.grant, |_| {
                 // Asked on every attempt: a re-plan after a passed deadline renews the lease
                 // first, or writes nothing if this engine was replaced.
-                match self.within_owner_lease(ns, holding.term, batch, true) {
+                match self.within_owner_lease(ns, holding.term, batch) {
                     Ok(bounded) => Some(bounded),
                     Err(e) => {
                         refused = Some(e);
@@ -123,32 +122,26 @@ impl OwnedStore {
     /// still serves `ns`: the lease is renewed first if it is no longer valid (an error if that
     /// fails, `OwnerLive` if a newer engine with this owner id replaced this one and may have
     /// taken the namespace at the same epoch, which the fence does not tell apart), and a
-    /// renewal that deposed the holding stops the write. With `deadline`, on a store that
-    /// evaluates deadlines, the batch then commits only while the lease is valid, renewed first
-    /// when less than half its validity is left; otherwise (etcd, an unfenced namespace) only
-    /// its planning is bounded.
-    fn within_owner_lease(
-        &self,
-        ns: &Namespace,
-        term: u64,
-        batch: &Batch,
-        deadline: bool,
-    ) -> Result<Batch> {
+    /// renewal that deposed the holding stops the write. On a store that evaluates deadlines
+    /// the batch then commits only while the lease is valid, renewed first when at most half
+    /// its validity is left; on one that does not (etcd), only its planning is bounded.
+    fn within_owner_lease(&self, ns: &Namespace, term: u64, batch: &Batch) -> Result<Batch> {
         let owners = &self.owners;
         if owners.switches().ignore_lease_expiry {
             return Ok(batch.clone());
         }
-        owners.live()?;
-        let deadlines =
-            deadline && self.raw.evaluates_deadlines() && !self.fence.deadlines_dropped();
-        if deadlines
-            && owners.liveness.renewal_due()
+        let deadlines = self.raw.evaluates_deadlines() && !self.fence.deadlines_dropped();
+        let (left, renewal_due) = owners.liveness.validity_left();
+        if left == 0 {
+            owners.live()?;
+        } else if deadlines
+            && renewal_due
             && let Err(e @ Error::OwnerLive { .. }) = owners.renew()
         {
             // Still valid otherwise: a renewal that failed for a store error leaves what is left.
             return Err(e);
         }
-        if owners.held(ns).is_none_or(|h| h.term != term) {
+        if !owners.serves_term(ns, term) {
             // A renewal found the namespace moved (deposed) or it was adopted again.
             return Err(owners
                 .serving(ns)

@@ -192,6 +192,15 @@ impl Owners {
         self.serving(ns)
     }
 
+    /// Whether the holding of term `term` still serves `ns` (from memory; nothing cloned, as
+    /// every engine write asks).
+    pub(crate) fn serves_term(&self, ns: &Namespace, term: u64) -> bool {
+        self.map
+            .read()
+            .get(ns)
+            .is_some_and(|h| h.status == Status::Serving && h.term == term)
+    }
+
     /// The holding of `ns`, if this engine holds it now (answered from memory).
     pub(crate) fn held(&self, ns: &Namespace) -> Option<Holding> {
         if self.liveness.superseded().is_some() {
