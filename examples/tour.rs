@@ -218,12 +218,15 @@ fn open_engine(dir: &Path) -> Result<(Opened, OpenReport)> {
     let report = store.open_report().clone();
     let watch = Arc::new(RestoreWatch::default());
     // Many warm workers: each restore that repairs appends durably, and concurrent appends
-    // share syncs (group commit), so more workers than cores pays off.
+    // share syncs (group commit), so more workers than cores pays off. The background warm (on
+    // by default) would start restoring rooms as soon as the first touch adopts the namespace;
+    // off here, so the tour shows the first touch alone, then a warm of the rest.
     let engine = Engine::builder(ChatRooms)
         .store(Arc::clone(&store) as Arc<dyn Store>)
         .metrics(Arc::clone(&watch) as Arc<dyn Metrics>)
         .pool_threads(32)
         .warm_parallelism(32)
+        .background_warm(false)
         .open()?;
     Ok((
         Opened {
