@@ -298,6 +298,76 @@ fn f12_a_write_stalled_past_the_owner_lease_does_not_commit_under_its_successor(
     stalled_write(OwnerSwitches::default()).unwrap();
 }
 
+/// Many writer threads of one engine stall at once, each with a write planned and not yet at
+/// the store, while the lease lapses and a newer engine with the owner id opens; none of their
+/// writes commits, and the newer engine serves every entity as the old one left it.
+#[test]
+fn f12_many_stalled_writers_commit_nothing_under_the_successor() {
+    use std::sync::Barrier;
+
+    const WRITERS: usize = 8;
+    let clock = ManualClock::new(1_000_000);
+    let store = TestStore::with_clock(Arc::new(clock.clone()));
+    let machine = Arc::new(TestMachine::default());
+    let open = || {
+        engine_over(&machine, Arc::clone(&store) as Arc<dyn Store>)
+            .renew_owner_lease(false)
+            .background_warm(false)
+            .open()
+            .unwrap()
+    };
+    let old = open();
+    for i in 0..WRITERS {
+        old.register(&entity(i)).unwrap();
+        old.append(&entity(i), recs(&["old"])).unwrap();
+    }
+    // Each writer's first batch to its entity waits until every writer got there, then until
+    // the successor opened.
+    let (all_stalled, go) = (
+        Arc::new(Barrier::new(WRITERS + 1)),
+        Arc::new(Barrier::new(WRITERS + 1)),
+    );
+    let (stalled_hook, go_hook) = (Arc::clone(&all_stalled), Arc::clone(&go));
+    store.set_before_apply(move |p, _| {
+        thread_local!(static STALLED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+        let writer = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("writer"));
+        if writer && p.as_bytes().starts_with(b"e/") && !STALLED.replace(true) {
+            stalled_hook.wait();
+            go_hook.wait();
+        }
+    });
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|i| {
+            let old = old.clone();
+            std::thread::Builder::new()
+                .name(format!("writer {i}"))
+                .spawn(move || old.append(&entity(i), recs(&["stalled"])))
+                .unwrap()
+        })
+        .collect();
+    all_stalled.wait();
+    clock.advance(LEASE_MS);
+    let new = open();
+    go.wait();
+    for (i, w) in writers.into_iter().enumerate() {
+        let answer = w.join().unwrap();
+        assert!(
+            matches!(
+                answer,
+                Err(Error::Unavailable { .. } | Error::OwnerLive { .. })
+            ),
+            "writer {i}'s stalled write answered {answer:?}"
+        );
+    }
+    store.clear_hooks();
+    for i in 0..WRITERS {
+        assert_eq!(payloads(&new, &entity(i)).unwrap(), recs(&["old"]));
+    }
+    assert_eq!(new.stats().phases.contained, 0);
+}
+
 /// With the owner lease ignored (`ignore_lease_expiry` turns the bound on writes off with the
 /// check at each call) the stalled write commits under its successor.
 #[test]
